@@ -1,0 +1,39 @@
+"""Frames over a CallStream: read and write whole msgpack values."""
+
+from __future__ import annotations
+
+from ..streams import CallStream
+from ..wire import FrameDecoder, FrameError, encode_frame
+
+
+class Framed:
+    """Reads and writes length-prefixed msgpack frames on one stream."""
+
+    __slots__ = ("stream", "max_frame", "_decoder")
+
+    def __init__(self, stream: CallStream, max_frame: int):
+        self.stream = stream
+        self.max_frame = max_frame
+        self._decoder = FrameDecoder(max_frame)
+
+    async def read(self) -> tuple[bool, object]:
+        """``(True, value)`` for the next frame, ``(False, None)`` at a clean end.
+
+        An end in the middle of a frame raises FrameError; a reset raises
+        StreamAborted; a malformed or oversized frame raises FrameError.
+        """
+        decoder = self._decoder
+        while True:
+            ok, value = decoder.next_frame()
+            if ok:
+                return True, value
+            data = await self.stream.receive_some()
+            if not data:
+                if decoder.buffered:
+                    raise FrameError("stream ended in the middle of a frame")
+                return False, None
+            decoder.feed(data)
+
+    async def write(self, value: object) -> None:
+        """Send one frame; FrameTooLarge (nothing sent) if it exceeds the limit."""
+        await self.stream.send_all(encode_frame(value, self.max_frame))

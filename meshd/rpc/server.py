@@ -1,0 +1,213 @@
+"""Serving calls: a registry of handlers and the code that runs one call.
+
+Handlers take ``(arg, ctx)``:
+
+* unary: ``async def h(arg, ctx) -> result``
+* server streaming: ``async def h(arg, ctx): yield item`` (an async generator)
+* client streaming: ``async def h(items, ctx) -> result``, registered with
+  ``kind="client_stream"``; ``items`` is an async iterator of the caller's messages.
+
+A handler rejects bad input by raising :class:`InvalidArgument` (or another
+RpcError); every other exception is reported to the caller as INTERNAL.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Hashable
+
+import trio
+
+from ..streams import CallStream, StreamAborted
+from ..wire import FrameError, FrameTooLarge
+from . import protocol as P
+from .errors import (
+    DeadlineExceeded,
+    FrameTooLargeError,
+    Internal,
+    InvalidArgument,
+    ProtocolViolation,
+    ResourceExhausted,
+    RpcError,
+    UnknownMethod,
+)
+from .framed import Framed
+
+log = logging.getLogger("meshd.rpc")
+
+_KIND_BY_NAME = {name: kind for kind, name in P.KIND_NAMES.items()}
+
+
+@dataclass
+class CallContext:
+    """What a handler knows about the call it serves."""
+
+    peer: Any  # PeerId of the caller, or None on the control socket
+    method: str
+    deadline: float  # trio clock; inf when the caller set no timeout
+    info: dict = field(default_factory=dict)  # transport facts: observed address, path
+
+
+@dataclass(frozen=True)
+class _Method:
+    handler: Callable
+    kind: int
+
+
+class RpcServer:
+    """Method registry plus the serving loop for one incoming call stream."""
+
+    def __init__(
+        self,
+        *,
+        max_frame: int,
+        max_calls_per_peer: int = 256,
+        first_frame_timeout: float = 10.0,
+        max_call_timeout: float = 3600.0,
+    ):
+        self.max_frame = max_frame
+        self.max_calls_per_peer = max_calls_per_peer
+        self.first_frame_timeout = first_frame_timeout
+        self.max_call_timeout = max_call_timeout
+        self._methods: dict[str, _Method] = {}
+        self._active: Counter[Hashable] = Counter()
+
+    def register(self, name: str, handler: Callable, *, kind: str | None = None) -> None:
+        """Serve ``name`` with ``handler``; the kind is inferred unless given.
+
+        An async generator function is server streaming, a coroutine function
+        unary; client streaming must be asked for.  Re-registering replaces.
+        """
+        if not 0 < len(name) <= P.MAX_METHOD_LEN:
+            raise ValueError(f"method names are 1-{P.MAX_METHOD_LEN} characters")
+        if kind is None:
+            kind = "server_stream" if inspect.isasyncgenfunction(handler) else "unary"
+        if kind not in _KIND_BY_NAME:
+            raise ValueError(f"kind must be one of {sorted(_KIND_BY_NAME)}")
+        self._methods[name] = _Method(handler, _KIND_BY_NAME[kind])
+
+    def unregister(self, name: str) -> None:
+        self._methods.pop(name, None)
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted(self._methods)
+
+    def active_calls(self, peer: Hashable) -> int:
+        return self._active[peer]
+
+    async def serve_call(self, stream: CallStream, peer: Any, info: dict | None = None) -> None:
+        """Run the call that arrives on ``stream`` to completion.
+
+        Never raises for anything the peer did: bad frames, unknown methods,
+        over-limit calls, deadlines and handler failures become ERROR replies;
+        a peer that resets or drops the stream cancels the handler.
+        """
+        framed = Framed(stream, self.max_frame)
+        try:
+            await self._serve(framed, peer, info or {})
+        except StreamAborted:
+            stream.abort()
+        except RpcError as exc:
+            await self._send_error(framed, exc)
+        except FrameTooLarge as exc:
+            await self._send_error(framed, FrameTooLargeError(str(exc)))
+        except FrameError as exc:
+            await self._send_error(framed, ProtocolViolation(str(exc)))
+
+    async def _send_error(self, framed: Framed, exc: RpcError) -> None:
+        try:
+            await framed.write([P.ERROR, exc.code, exc.message])
+            await framed.stream.close()
+        except (StreamAborted, FrameError):
+            framed.stream.abort()
+
+    async def _serve(self, framed: Framed, peer: Any, info: dict) -> None:
+        with trio.move_on_after(self.first_frame_timeout) as scope:
+            ok, frame = await framed.read()
+        if scope.cancelled_caught:
+            raise ProtocolViolation("no request within the first-frame timeout")
+        if not ok:
+            framed.stream.abort()
+            return
+        request = P.parse_request(frame)
+        method = self._methods.get(request.method)
+        if method is None:
+            raise UnknownMethod(f"no method {request.method!r}")
+        if method.kind != request.kind:
+            raise InvalidArgument(
+                f"{request.method!r} is {P.KIND_NAMES[method.kind]}, "
+                f"called as {P.KIND_NAMES[request.kind]}"
+            )
+        if self._active[peer] >= self.max_calls_per_peer:
+            raise ResourceExhausted(
+                f"more than {self.max_calls_per_peer} concurrent calls from this peer"
+            )
+        timeout = self.max_call_timeout
+        if request.timeout is not None:
+            timeout = min(timeout, request.timeout)
+        ctx = CallContext(peer, request.method, trio.current_time() + timeout, info)
+        self._active[peer] += 1
+        try:
+            await self._run(framed, method, request, ctx)
+        finally:
+            self._active[peer] -= 1
+            if not self._active[peer]:
+                del self._active[peer]
+
+    async def _run(self, framed: Framed, method: _Method, request: P.Request, ctx: CallContext) -> None:
+        stream = framed.stream
+        with trio.CancelScope() as aborted:
+            with trio.move_on_at(ctx.deadline) as deadline:
+                try:
+                    if method.kind == P.CLIENT_STREAM:
+                        result = await method.handler(_incoming_items(framed, aborted), ctx)
+                        stream.cancel_on_abort(aborted)
+                        await framed.write([P.REPLY, result])
+                    else:
+                        stream.cancel_on_abort(aborted)
+                        if method.kind == P.UNARY:
+                            await framed.write([P.REPLY, await method.handler(request.arg, ctx)])
+                        else:
+                            await self._stream_items(framed, method.handler(request.arg, ctx))
+                    stream.cancel_on_abort(None)
+                    await stream.close()
+                except (RpcError, FrameError, StreamAborted):
+                    raise
+                except Exception as exc:  # a handler bug must not take the node down
+                    log.warning("handler %s failed: %r", ctx.method, exc, exc_info=True)
+                    raise Internal(f"handler failed: {type(exc).__name__}") from None
+                finally:
+                    stream.cancel_on_abort(None)
+        if aborted.cancelled_caught:
+            stream.abort()
+        elif deadline.cancelled_caught:
+            raise DeadlineExceeded(f"{ctx.method} did not finish before its deadline")
+
+    async def _stream_items(self, framed: Framed, items: AsyncIterator) -> None:
+        try:
+            async for item in items:
+                await framed.write([P.ITEM, item])
+        finally:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        await framed.write(P.END_FRAME)
+
+
+async def _incoming_items(framed: Framed, aborted: trio.CancelScope) -> AsyncIterator:
+    """The caller's ITEM frames until END; an early end of stream aborts the call."""
+    while True:
+        ok, frame = await framed.read()
+        if not ok:
+            aborted.cancel()
+            await trio.lowlevel.checkpoint()
+        kind, value = P.parse_frame(frame)
+        if kind == P.END:
+            return
+        if kind != P.ITEM:
+            raise ProtocolViolation("a client stream carries ITEM frames and one END")
+        yield value

@@ -1,0 +1,356 @@
+"""One QUIC connection to a peer: aioquic's sans-IO state machine driven by trio.
+
+The endpoint feeds received datagrams in and this object turns aioquic's
+events into stream data, authentication and termination.  Sending is batched:
+application writes mark the connection dirty and one flush per scheduling
+round turns everything queued into datagrams.  aioquic's timer is a cancel
+scope whose deadline follows ``get_timer()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from typing import TYPE_CHECKING, Callable
+
+import trio
+from aioquic.quic import events as ev
+from aioquic.quic.connection import QuicConnection
+
+from ..identity import PeerId
+from ..streams import StreamAborted
+from .stream import SEND_HIGH_WATER, QuicCallStream
+from .tls import PeerAuthError, peer_id_from_certificate
+
+if TYPE_CHECKING:
+    from .endpoint import Endpoint
+
+log = logging.getLogger("meshd.transport")
+
+ALPN = "meshd/1"
+STREAM_CANCELLED = 0x10  # application error code on RESET_STREAM / STOP_SENDING
+CLOSE_NORMAL = 0
+CLOSE_AUTH_FAILED = 0x101
+CLOSE_REFUSED = 0x102
+CLOSE_REPLACED = 0x103
+
+
+class MeshQuicConnection(QuicConnection):
+    """aioquic's connection with two changes meshd needs.
+
+    * A server asks the client for its certificate, so both sides prove a key.
+    * Receive credit (MAX_DATA, MAX_STREAM_DATA) grows as the application
+      reads, not as data arrives, so an unread stream stops its sender.  The
+      PeerConnection raises the limits in ``consumed``; aioquic's own
+      doubling rule is neutralised here by hiding the amounts it looks at.
+    """
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)
+        if not self._is_client:
+            self.tls._request_client_certificate = True
+
+    def _write_connection_limits(self, builder, space) -> None:  # type: ignore[override]
+        limit = self._local_max_data
+        used, limit.used = limit.used, 0
+        try:
+            super()._write_connection_limits(builder, space)
+        finally:
+            limit.used = used
+
+    def _write_stream_limits(self, builder, space, stream) -> None:  # type: ignore[override]
+        receiver = stream.receiver
+        highest, receiver.highest_offset = receiver.highest_offset, 0
+        try:
+            super()._write_stream_limits(builder, space, stream)
+        finally:
+            receiver.highest_offset = highest
+
+
+class PeerConnection:
+    """A QUIC connection that, once ``established`` is set, knows its ``peer_id``.
+
+    ``on_stream(conn, stream)`` is called for each stream the peer opens.
+    """
+
+    def __init__(
+        self,
+        endpoint: "Endpoint",
+        quic: MeshQuicConnection,
+        remote_addr: tuple,
+        *,
+        dialed: bool,
+        expected_peer: PeerId | None = None,
+        stream_window: int,
+        connection_window: int,
+        keepalive_interval: float,
+    ):
+        self.endpoint = endpoint
+        self.quic = quic
+        self.remote_addr = remote_addr
+        self.dialed = dialed
+        self.expected_peer = expected_peer
+        self.peer_id: PeerId | None = None
+        self.path = "direct"
+        self.on_stream: Callable[[PeerConnection, QuicCallStream], None] | None = None
+        self.established = trio.Event()
+        self.terminated = trio.Event()
+        self.close_reason: str | None = None
+        self.created_at = trio.current_time()
+        self.last_received = self.created_at
+        self._streams: dict[int, QuicCallStream] = {}
+        self._last_peer_stream = -1
+        self._blocked: set[QuicCallStream] = set()
+        self._stream_window = stream_window
+        self._connection_window = connection_window
+        self._consumed_total = 0
+        self._consumed: dict[int, int] = {}
+        self._keepalive_interval = keepalive_interval
+        self._ping_ids = itertools.count()
+        self._tx_pending = False
+        self._tx_lot = trio.lowlevel.ParkingLot()
+        self._timer_at = math.inf
+        self._timer_scope: trio.CancelScope | None = None
+
+    def __repr__(self) -> str:
+        who = self.peer_id.short() if self.peer_id else "?"
+        return f"<PeerConnection {who} {self.remote_addr[0]}:{self.remote_addr[1]}>"
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Drive timers, flushes and keepalives until the connection terminates."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._flush_loop)
+            nursery.start_soon(self._keepalive_loop)
+            await self._timer_loop()
+            nursery.cancel_scope.cancel()
+
+    async def _timer_loop(self) -> None:
+        while not self.terminated.is_set():
+            with trio.CancelScope(deadline=self._timer_at) as scope:
+                self._timer_scope = scope
+                await trio.sleep_forever()
+            self._timer_scope = None
+            timer = self.quic.get_timer()
+            now = trio.current_time()
+            if timer is not None and now >= timer:
+                self.quic.handle_timer(now)
+                self._process_events()
+            self.transmit()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            if not self._tx_pending:
+                await self._tx_lot.park()
+            self._tx_pending = False
+            self.transmit()
+
+    async def _keepalive_loop(self) -> None:
+        while True:
+            await trio.sleep(self._keepalive_interval)
+            if trio.current_time() - self.last_received >= self._keepalive_interval:
+                self.quic.send_ping(next(self._ping_ids))
+                self.schedule_transmit()
+
+    def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
+        """Start a clean close: tell the peer and fail every open stream."""
+        if self.close_reason is None:
+            self.close_reason = reason or "closed locally"
+        self.quic.close(error_code=code, reason_phrase=reason)
+        self._fail_streams(f"connection closed: {self.close_reason}")
+        self.transmit()
+
+    def _fail_streams(self, reason: str) -> None:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.peer_aborted(reason)
+        self._blocked.clear()
+
+    # --- datagrams in and out ------------------------------------------------
+
+    def datagram_received(self, data: bytes, addr: tuple, now: float) -> None:
+        """Feed one datagram to aioquic and act on what it produced (no sending)."""
+        self.last_received = now
+        self.quic.receive_datagram(data, addr, now)
+        self._process_events()
+        if self._blocked:
+            self._wake_writers()
+
+    def transmit(self) -> None:
+        """Send every datagram aioquic has ready, then re-arm its timer."""
+        quic = self.quic
+        send = self.endpoint.send_datagram
+        for data, addr in quic.datagrams_to_send(now=trio.current_time()):
+            send(data, addr)
+        timer = quic.get_timer()
+        self._timer_at = math.inf if timer is None else timer
+        if self._timer_scope is not None:
+            self._timer_scope.deadline = self._timer_at
+
+    def schedule_transmit(self) -> None:
+        """Flush soon, once, however many writes happen before then."""
+        if not self._tx_pending:
+            self._tx_pending = True
+            self._tx_lot.unpark()
+
+    def _process_events(self) -> None:
+        quic = self.quic
+        streams = self._streams
+        while (event := quic.next_event()) is not None:
+            kind = type(event)
+            if kind is ev.StreamDataReceived:
+                stream = streams.get(event.stream_id)
+                if stream is None:
+                    stream = self._incoming_stream(event.stream_id)
+                    if stream is None:
+                        continue
+                discarded = stream.data_received(event.data, event.end_stream)
+                if discarded:
+                    self.consumed(stream, discarded)
+                    self._stop(stream)
+                if stream.finished:
+                    self._forget(stream)
+            elif kind is ev.StreamReset or kind is ev.StopSendingReceived:
+                stream = streams.get(event.stream_id)
+                if stream is not None:
+                    if kind is ev.StreamReset:
+                        stream.peer_aborted("peer reset the stream")
+                        self._forget(stream)
+                    else:
+                        stream.peer_stopped_sending()
+            elif kind is ev.ConnectionIdIssued:
+                self.endpoint.route_cid(event.connection_id, self)
+            elif kind is ev.ConnectionIdRetired:
+                self.endpoint.unroute_cid(event.connection_id)
+            elif kind is ev.HandshakeCompleted:
+                self._authenticate(event)
+            elif kind is ev.ConnectionTerminated:
+                self._on_terminated(event)
+
+    def _incoming_stream(self, stream_id: int) -> QuicCallStream | None:
+        """A new stream the peer opened, handed to ``on_stream`` once authenticated."""
+        if self.peer_id is None or self.on_stream is None or self.close_reason is not None:
+            return None
+        if stream_id % 4 != (1 if self.dialed else 0) or stream_id <= self._last_peer_stream:
+            return None  # not a new peer-initiated bidirectional stream
+        self._last_peer_stream = stream_id
+        stream = QuicCallStream(self, stream_id)
+        self._streams[stream_id] = stream
+        self.on_stream(self, stream)
+        return stream
+
+    def _authenticate(self, event: ev.HandshakeCompleted) -> None:
+        try:
+            if event.alpn_protocol != ALPN:
+                raise PeerAuthError(f"peer speaks {event.alpn_protocol!r}, not {ALPN!r}")
+            peer = peer_id_from_certificate(self.quic.tls._peer_certificate)
+            if self.expected_peer is not None and peer != self.expected_peer:
+                raise PeerAuthError(
+                    f"dialed {self.expected_peer} but the node there is {peer}"
+                )
+            if peer == self.endpoint.identity.peer_id:
+                raise PeerAuthError("connected to ourselves")
+        except PeerAuthError as exc:
+            log.warning("%s:%s failed authentication: %s", *self.remote_addr[:2], exc)
+            self.close(CLOSE_AUTH_FAILED, str(exc))
+            return
+        self.peer_id = peer
+        self.established.set()
+        self.endpoint.connection_established(self)
+
+    def _on_terminated(self, event: ev.ConnectionTerminated) -> None:
+        if self.close_reason is None:
+            self.close_reason = event.reason_phrase or f"closed by peer (code {event.error_code})"
+        self._fail_streams(f"connection lost: {self.close_reason}")
+        self.terminated.set()
+        self.established.set()  # wake anyone waiting for a handshake that will not come
+        if self._timer_scope is not None:
+            self._timer_scope.cancel()
+        self.endpoint.connection_terminated(self)
+
+    # --- used by QuicCallStream ----------------------------------------------
+
+    def open_stream(self) -> QuicCallStream:
+        """A new outgoing stream (no bytes are sent until the first write)."""
+        if self.close_reason is not None or self.peer_id is None:
+            raise StreamAborted(f"connection is not open: {self.close_reason or 'handshaking'}")
+        stream = QuicCallStream(self, self.quic.get_next_available_stream_id())
+        self._streams[stream.stream_id] = stream
+        return stream
+
+    def send_buffered(self, stream_id: int) -> int:
+        """Bytes written on the stream and not yet acknowledged by the peer."""
+        qs = self.quic._streams.get(stream_id)
+        return len(qs.sender._buffer) if qs is not None else 0
+
+    def send_data(self, stream_id: int, data: bytes, end: bool) -> None:
+        self.quic.send_stream_data(stream_id, data, end)
+        self.schedule_transmit()
+
+    def wait_for_acks(self, stream: QuicCallStream) -> None:
+        self._blocked.add(stream)
+
+    def _wake_writers(self) -> None:
+        for stream in list(self._blocked):
+            if self.send_buffered(stream.stream_id) < SEND_HIGH_WATER:
+                self._blocked.discard(stream)
+                stream.writable_again()
+
+    def consumed(self, stream: QuicCallStream, nbytes: int) -> None:
+        """The application took ``nbytes``: give the peer that much more credit."""
+        quic = self.quic
+        self._consumed_total += nbytes
+        limit = quic._local_max_data
+        target = self._consumed_total + self._connection_window
+        if target - limit.value >= self._connection_window // 4:
+            limit.value = target
+            self.schedule_transmit()
+        qs = quic._streams.get(stream.stream_id)
+        if qs is not None:
+            done = self._consumed.get(stream.stream_id, 0) + nbytes
+            self._consumed[stream.stream_id] = done
+            target = done + self._stream_window
+            if target - qs.max_stream_data_local >= self._stream_window // 4:
+                qs.max_stream_data_local = target
+                self.schedule_transmit()
+
+    def finish_stream(self, stream: QuicCallStream, *, stop_peer: bool) -> None:
+        self.quic.send_stream_data(stream.stream_id, b"", end_stream=True)
+        if stop_peer:
+            self._stop(stream)
+        self.schedule_transmit()
+        if stream.finished:
+            self._forget(stream)
+
+    def reset_stream(self, stream: QuicCallStream) -> None:
+        if self.close_reason is not None:
+            return
+        self.quic.reset_stream(stream.stream_id, STREAM_CANCELLED)
+        self._stop(stream)
+        self.schedule_transmit()
+        self._forget(stream)
+
+    def _stop(self, stream: QuicCallStream) -> None:
+        qs = self.quic._streams.get(stream.stream_id)
+        if qs is not None and not qs.receiver.is_finished and not qs.receiver.stop_pending:
+            self.quic.stop_stream(stream.stream_id, STREAM_CANCELLED)
+
+    def _forget(self, stream: QuicCallStream) -> None:
+        self._streams.pop(stream.stream_id, None)
+        self._consumed.pop(stream.stream_id, None)
+        self._blocked.discard(stream)
+
+    # --- facts for the node --------------------------------------------------
+
+    @property
+    def rtt(self) -> float | None:
+        """Smoothed round-trip time in seconds, once measured."""
+        rtt = self.quic._loss._rtt_smoothed
+        return rtt if rtt > 0 else None
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+

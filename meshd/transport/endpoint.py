@@ -1,0 +1,315 @@
+"""A node's one UDP socket: QUIC connections in and out, plus a hook for STUN.
+
+Datagrams are demultiplexed as RFC 7983 does: a first byte of 0-3 is STUN
+and goes to ``stun_hook`` (the NAT layer installs it); a QUIC packet goes to
+the connection that owns its destination connection ID, and a new Initial
+packet starts an incoming connection; anything else is counted and dropped.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import ssl
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import trio
+from aioquic.buffer import Buffer
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.packet import (
+    QuicPacketType,
+    encode_quic_version_negotiation,
+    pull_quic_header,
+)
+
+from ..identity import Identity, PeerId
+from .connection import ALPN, CLOSE_REFUSED, MeshQuicConnection, PeerConnection
+from .tls import identity_certificate
+
+log = logging.getLogger("meshd.transport")
+
+_RECV_BATCH = 128
+_SOCKET_BUFFER = 8 << 20
+_MIN_INITIAL = 1200
+
+
+class DialError(Exception):
+    """A connection could not be established; the message says why."""
+
+
+@dataclass
+class TransportConfig:
+    """Transport knobs; every one has a default that suits the open internet."""
+
+    idle_timeout: float = 30.0
+    keepalive_interval: float = 10.0
+    handshake_timeout: float = 10.0
+    max_datagram_size: int = 1200  # paths we cannot prove take larger packets
+    loopback_datagram_size: int = 16000  # aioquic's frame encoding tops out near 16 KiB
+    stream_window: int = 4 << 20
+    connection_window: int = 16 << 20
+    max_connections: int = 256
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+class Endpoint:
+    """QUIC over one UDP socket.
+
+    ``on_connection(conn)`` is called when a connection (either direction)
+    has authenticated its peer; ``on_connection_lost(conn)`` when it ends.
+    """
+
+    def __init__(
+        self,
+        identity: Identity,
+        config: TransportConfig,
+        *,
+        on_connection: Callable[[PeerConnection], None],
+        on_connection_lost: Callable[[PeerConnection], None],
+    ):
+        self.identity = identity
+        self.config = config
+        self.on_connection = on_connection
+        self.on_connection_lost = on_connection_lost
+        self.stun_hook: Callable[[bytes, tuple], None] | None = None
+        self.stats: Counter[str] = Counter()
+        self._certificate = identity_certificate(identity)
+        self._by_cid: dict[bytes, PeerConnection] = {}
+        self._cids: dict[PeerConnection, set[bytes]] = {}
+        self._sock: socket.socket | None = None
+        self._nursery: trio.Nursery | None = None
+
+    # --- socket ----------------------------------------------------------------
+
+    async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Bind the socket and run until cancelled; ``started`` once bound."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            for opt, forced in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, forced, _SOCKET_BUFFER)  # *BUFFORCE, as root
+                except OSError:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
+            sock.setblocking(False)
+            sock.bind((host, port))
+            self._sock = sock
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._receive_loop)
+                task_status.started(self.local_address)
+        finally:
+            self._nursery = None
+            for conn in list(self._cids):
+                conn.close(reason="node shutting down")
+            sock.close()
+
+    @property
+    def local_address(self) -> tuple[str, int]:
+        host, port = self._sock.getsockname()[:2]
+        return host, port
+
+    @property
+    def family(self) -> int:
+        return self._sock.family
+
+    def send_datagram(self, data: bytes, addr: tuple) -> None:
+        """Send one datagram now; a full socket buffer drops it (QUIC resends)."""
+        try:
+            self._sock.sendto(data, addr)
+        except BlockingIOError:
+            self.stats["send_dropped"] += 1
+        except OSError as exc:
+            self.stats["send_errors"] += 1
+            log.debug("sendto %s failed: %s", addr, exc)
+
+    async def _receive_loop(self) -> None:
+        sock = self._sock
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            now = trio.current_time()
+            dirty: dict[PeerConnection, None] = {}
+            for _ in range(_RECV_BATCH):
+                try:
+                    data, addr = sock.recvfrom(65536)
+                except BlockingIOError:
+                    break
+                except OSError:  # e.g. an ICMP error reported on the socket
+                    continue
+                conn = self._datagram_received(data, addr, now)
+                if conn is not None:
+                    dirty[conn] = None
+            for conn in dirty:
+                conn.transmit()
+
+    def _datagram_received(self, data: bytes, addr: tuple, now: float) -> PeerConnection | None:
+        if not data:
+            return None
+        if data[0] < 4:
+            if self.stun_hook is not None:
+                self.stun_hook(data, addr)
+            else:
+                self.stats["stun_unhandled"] += 1
+            return None
+        try:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=8)
+        except ValueError:
+            self.stats["garbage"] += 1
+            return None
+        conn = self._by_cid.get(header.destination_cid)
+        if conn is None:
+            conn = self._accept(data, header, addr)
+            if conn is None:
+                return None
+        try:
+            conn.datagram_received(data, addr, now)
+        except Exception:  # aioquic should not raise on peer input; contain it if it does
+            log.exception("QUIC state machine failed on a datagram from %s", addr)
+            conn.close(reason="internal error")
+        return conn
+
+    # --- connections -----------------------------------------------------------
+
+    def _quic_config(self, is_client: bool, host: str) -> QuicConfiguration:
+        cfg = self.config
+        return QuicConfiguration(
+            is_client=is_client,
+            alpn_protocols=[ALPN],
+            idle_timeout=cfg.idle_timeout,
+            max_datagram_size=(
+                cfg.loopback_datagram_size if _is_loopback(host) else cfg.max_datagram_size
+            ),
+            max_data=cfg.connection_window,
+            max_stream_data=cfg.stream_window,
+            verify_mode=ssl.CERT_NONE,  # the peer is checked by PeerId after the handshake
+            certificate=self._certificate,
+            private_key=self.identity.private_key,
+        )
+
+    def _new_connection(self, quic: MeshQuicConnection, addr: tuple, *, dialed: bool,
+                        expected_peer: PeerId | None) -> PeerConnection:
+        cfg = self.config
+        conn = PeerConnection(
+            self, quic, addr, dialed=dialed, expected_peer=expected_peer,
+            stream_window=cfg.stream_window, connection_window=cfg.connection_window,
+            keepalive_interval=cfg.keepalive_interval,
+        )
+        self._cids[conn] = set()
+        self.route_cid(quic.host_cid, conn)
+        self._nursery.start_soon(self._run_connection, conn)
+        return conn
+
+    def _accept(self, data: bytes, header, addr: tuple) -> PeerConnection | None:
+        if header.packet_type == QuicPacketType.VERSION_NEGOTIATION:
+            return None
+        if header.version is not None and header.version not in QuicConfiguration().supported_versions:
+            self.send_datagram(
+                encode_quic_version_negotiation(
+                    source_cid=header.destination_cid,
+                    destination_cid=header.source_cid,
+                    supported_versions=QuicConfiguration().supported_versions,
+                ),
+                addr,
+            )
+            return None
+        if header.packet_type != QuicPacketType.INITIAL or len(data) < _MIN_INITIAL:
+            self.stats["unroutable"] += 1
+            return None
+        if self._nursery is None:
+            return None
+        quic = MeshQuicConnection(
+            configuration=self._quic_config(False, addr[0]),
+            original_destination_connection_id=header.destination_cid,
+        )
+        conn = self._new_connection(quic, addr, dialed=False, expected_peer=None)
+        self.route_cid(header.destination_cid, conn)
+        if len(self._cids) > self.config.max_connections:
+            conn.datagram_received(data, addr, trio.current_time())
+            conn.close(CLOSE_REFUSED, "too many connections")
+            self.stats["refused"] += 1
+            return None
+        return conn
+
+    async def dial(self, host: str, port: int, expected_peer: PeerId, timeout: float | None = None) -> PeerConnection:
+        """Connect to ``host:port`` and prove that ``expected_peer`` answers there.
+
+        Raises DialError with the reason: unresolvable host, wrong address
+        family, handshake timeout, refusal, or a different key at that address.
+        """
+        if self._nursery is None:
+            raise DialError("endpoint is not running")
+        addr = await self._resolve(host, port)
+        quic = MeshQuicConnection(configuration=self._quic_config(True, addr[0]))
+        conn = self._new_connection(quic, addr, dialed=True, expected_peer=expected_peer)
+        quic.connect(addr, now=trio.current_time())
+        conn.transmit()
+        limit = self.config.handshake_timeout if timeout is None else timeout
+        with trio.move_on_after(limit):
+            await conn.established.wait()
+        if conn.peer_id is None:
+            reason = conn.close_reason or f"no answer within {limit:g} s"
+            conn.close(reason="dial abandoned")
+            raise DialError(f"{host}:{port}: {reason}")
+        return conn
+
+    async def _resolve(self, host: str, port: int) -> tuple:
+        family = self._sock.family
+        try:
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        except socket.gaierror as exc:
+            raise DialError(f"cannot resolve {host!r}: {exc.strerror}") from None
+        for fam, _, _, _, sockaddr in infos:
+            if fam == family:
+                return sockaddr
+            if fam == socket.AF_INET and family == socket.AF_INET6:
+                return ("::ffff:" + sockaddr[0], sockaddr[1], 0, 0)
+        raise DialError(f"{host}:{port} is IPv6 but this node listens on IPv4 only")
+
+    async def _run_connection(self, conn: PeerConnection) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._handshake_deadline, conn)
+            await conn.run()
+            nursery.cancel_scope.cancel()
+        for cid in self._cids.pop(conn, ()):
+            if self._by_cid.get(cid) is conn:
+                del self._by_cid[cid]
+
+    async def _handshake_deadline(self, conn: PeerConnection) -> None:
+        with trio.move_on_after(self.config.handshake_timeout):
+            await conn.established.wait()
+        if conn.peer_id is None and conn.close_reason is None:
+            conn.close(reason="handshake timed out")
+
+    def route_cid(self, cid: bytes, conn: PeerConnection) -> None:
+        self._by_cid[cid] = conn
+        self._cids.setdefault(conn, set()).add(cid)
+
+    def unroute_cid(self, cid: bytes) -> None:
+        conn = self._by_cid.pop(cid, None)
+        if conn is not None:
+            self._cids.get(conn, set()).discard(cid)
+
+    def connection_established(self, conn: PeerConnection) -> None:
+        self.on_connection(conn)
+
+    def connection_terminated(self, conn: PeerConnection) -> None:
+        if conn.peer_id is not None:
+            self.on_connection_lost(conn)
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._cids)
+

@@ -1,0 +1,144 @@
+"""One bidirectional QUIC stream as a CallStream, with backpressure both ways.
+
+Sending waits while more than ``SEND_HIGH_WATER`` bytes of this stream are
+unacknowledged, so a slow reader slows the writer instead of growing a buffer.
+Receiving grants the peer flow-control credit only for bytes the application
+has read (see ``PeerConnection.consumed``), so a reader that stops reading
+stops the writer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..streams import StreamAborted
+
+if TYPE_CHECKING:
+    from .connection import PeerConnection
+
+SEND_HIGH_WATER = 1 << 20
+
+
+class QuicCallStream:
+    """A QUIC stream driven by its PeerConnection."""
+
+    __slots__ = (
+        "_conn", "stream_id", "_recv", "_eof", "_aborted", "_send_stopped",
+        "_closed", "_readers", "_writers", "_watch",
+    )
+
+    def __init__(self, conn: "PeerConnection", stream_id: int):
+        self._conn = conn
+        self.stream_id = stream_id
+        self._recv = bytearray()
+        self._eof = False
+        self._aborted: str | None = None
+        self._send_stopped = False
+        self._closed = False
+        self._readers = trio.lowlevel.ParkingLot()
+        self._writers = trio.lowlevel.ParkingLot()
+        self._watch: trio.CancelScope | None = None
+
+    # --- the CallStream interface -------------------------------------------
+
+    async def receive_some(self) -> bytes:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._recv and not self._eof and self._aborted is None:
+            await self._readers.park()
+        if self._aborted is not None:
+            raise StreamAborted(self._aborted)
+        if not self._recv:
+            return b""
+        data = bytes(self._recv)
+        self._recv.clear()
+        self._conn.consumed(self, len(data))
+        return data
+
+    async def send_all(self, data: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        conn = self._conn
+        view = memoryview(data)
+        while True:
+            self._check_sendable()
+            room = SEND_HIGH_WATER - conn.send_buffered(self.stream_id)
+            if room > 0:
+                chunk = view[:room]
+                conn.send_data(self.stream_id, bytes(chunk), False)
+                view = view[len(chunk):]
+                if not view:
+                    return
+            conn.wait_for_acks(self)
+            await self._writers.park()
+
+    async def close(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._closed or self._aborted is not None:
+            return
+        self._closed = True
+        unread = bool(self._recv)
+        self._recv.clear()
+        self._conn.finish_stream(self, stop_peer=unread)
+
+    def abort(self) -> None:
+        if self._aborted is None:
+            self._aborted = "stream aborted locally"
+            self._closed = True
+            self._conn.reset_stream(self)
+        self._wake()
+
+    def cancel_on_abort(self, scope: trio.CancelScope | None) -> None:
+        self._watch = scope
+        if scope is not None and (self._eof or self._aborted is not None):
+            scope.cancel()
+
+    # --- driven by PeerConnection ------------------------------------------
+
+    def _check_sendable(self) -> None:
+        if self._aborted is not None:
+            raise StreamAborted(self._aborted)
+        if self._send_stopped:
+            raise StreamAborted("peer asked us to stop sending")
+        if self._closed:
+            raise StreamAborted("stream already closed")
+
+    def data_received(self, data: bytes, end: bool) -> int:
+        """Buffer data from the peer; returns how many bytes were discarded."""
+        discarded = 0
+        if self._closed:
+            discarded = len(data)  # nobody will read it: credit it back at once
+        elif data:
+            self._recv += data
+        if end:
+            self._eof = True
+            if self._watch is not None:
+                self._watch.cancel()
+        self._readers.unpark_all()
+        return discarded
+
+    def peer_aborted(self, reason: str) -> None:
+        """The peer reset the stream, or the connection died."""
+        if self._aborted is None:
+            self._aborted = reason
+        if self._watch is not None:
+            self._watch.cancel()
+        self._wake()
+
+    def peer_stopped_sending(self) -> None:
+        self._send_stopped = True
+        if self._watch is not None and not self._closed:
+            self._watch.cancel()
+        self._writers.unpark_all()
+
+    def writable_again(self) -> None:
+        self._writers.unpark_all()
+
+    def _wake(self) -> None:
+        self._readers.unpark_all()
+        self._writers.unpark_all()
+
+    @property
+    def finished(self) -> bool:
+        """Both directions are over, from the application's point of view."""
+        return self._aborted is not None or (self._closed and self._eof)
