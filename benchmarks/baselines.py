@@ -40,14 +40,10 @@ def _row(name, p50=None, p99=None, cps=None, up=None, down=None, note=""):
             "up_MBps": up, "down_MBps": down, "note": note}
 
 
-def _pct(xs, p):
-    """Nearest-rank percentile, the same rule the anchor scripts use."""
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))]
-
-
-def _latency_ms(samples):
-    return _pct(samples, 50) * 1e3, _pct(samples, 99) * 1e3
+def _p50_p99_ms(samples):
+    """Nearest-rank percentiles in ms, the same rule the anchor scripts use."""
+    xs = sorted(samples)
+    return [xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))] * 1e3 for p in (50, 99)]
 
 
 # ---------------------------------------------------------------- server child process
@@ -76,15 +72,12 @@ class _Server:
             raise
 
     def __exit__(self, *exc):
+        self.proc.stdin.close()  # the child exits when its stdin closes
         try:
-            self.proc.stdin.close()  # the child exits when its stdin closes
             self.proc.wait(3)
-        except Exception:
-            pass
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _exit_when_stdin_closes():
@@ -154,17 +147,14 @@ def tcp_row(n_calls=2000, inflight=64, bulk_bytes=256 << 20, timeout_s=120.0) ->
                     raise RuntimeError("tcp echo mismatch")
                 if i >= WARMUP:
                     lat.append(time.perf_counter() - t0)
+            window = min(inflight, n_calls)
             t0 = time.perf_counter()
-            sent = 0
-            for _ in range(min(inflight, n_calls)):
-                s.sendall(req)
-                sent += 1
-            for _ in range(n_calls):
+            s.sendall(req * window)
+            for i in range(n_calls):  # one reply in, one more request out: `window` stay in flight
                 if f.read(len(req)) != req:
                     raise RuntimeError("tcp pipelined echo mismatch")
-                if sent < n_calls:
+                if i + window < n_calls:
                     s.sendall(req)
-                    sent += 1
             cps = n_calls / (time.perf_counter() - t0)
 
         chunk = memoryview(os.urandom(CHUNK))
@@ -190,7 +180,7 @@ def tcp_row(n_calls=2000, inflight=64, bulk_bytes=256 << 20, timeout_s=120.0) ->
             if got != bulk_bytes:
                 raise RuntimeError(f"tcp download: got {got} of {bulk_bytes} bytes")
 
-    p50, p99 = _latency_ms(lat)
+    p50, p99 = _p50_p99_ms(lat)
     return _row("TCP socket (ceiling)", p50, p99, cps, up, down,
                 f"blocking sockets, TCP_NODELAY; calls/s: {inflight} pipelined on 1 connection; "
                 f"bulk {bulk_bytes / 2**20:g} MiB")
@@ -342,8 +332,11 @@ def aioquic_row(n_calls=2000, inflight=64, bulk_bytes=256 << 20, max_datagram_si
             return lat, cps, up, down
 
     with _Server("aioquic", max_datagram_size) as srv:
-        lat, cps, up, down = asyncio.run(asyncio.wait_for(run(srv.port), timeout_s))
-    p50, p99 = _latency_ms(lat)
+        try:
+            lat, cps, up, down = asyncio.run(asyncio.wait_for(run(srv.port), timeout_s))
+        except TimeoutError:
+            raise TimeoutError(f"aioquic_row did not finish within {timeout_s}s") from None
+    p50, p99 = _p50_p99_ms(lat)
     return _row(f"aioquic bare (dgram {max_datagram_size})", p50, p99, cps, up, down,
                 f"aioquic {aioquic.__version__}, 1 connection, stream per call, {inflight} concurrent "
                 f"callers; bulk {bulk_bytes / 2**20:g} MiB queued at once on 1 stream")
@@ -406,30 +399,25 @@ def anchor_rows(timeout_s=240) -> list[dict]:
     for spec in _ANCHORS:
         try:
             rows.append(_run_anchor(*spec, timeout_s=timeout_s))
-        except Exception as e:
-            rows.append(_row(spec[0], note=f"{type(e).__name__}: {e}"))
+        except Exception as e:  # e.g. unreadable JSON: still one row per anchor
+            rows.append(_row(spec[0], note=f"failed: {type(e).__name__}: {e}"))
     return rows
 
 
 # ---------------------------------------------------------------- command line
 
-def _print_rows(rows):
-    fmt = lambda v, d: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
-    cols = [("name", None), ("p50_ms", 3), ("p99_ms", 3), ("calls_per_s", 0), ("up_MBps", 1),
-            ("down_MBps", 1), ("note", None)]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        for r in rows:
-            print("  ".join(r[c] if d is None else fmt(r[c], d) for c, d in cols))
-        return
-    table = Table(title="RPC baselines (127.0.0.1)")
-    for c, d in cols:
-        table.add_column(c, justify="left" if d is None else "right")
-    for r in rows:
-        table.add_row(*(r[c] if d is None else fmt(r[c], d) for c, d in cols))
-    Console().print(table)
+def print_rows(rows):
+    """Print rows as a rich table, with each row's note numbered underneath."""
+    from rich.console import Console
+    from rich.table import Table
+    cols = [("p50_ms", 3), ("p99_ms", 3), ("calls_per_s", 0), ("up_MBps", 1), ("down_MBps", 1)]
+    table = Table("#", "name", *(c for c, _ in cols), title="RPC baselines (127.0.0.1, 128 B unary; MB = 1e6 B)")
+    for i, r in enumerate(rows, 1):
+        table.add_row(str(i), r["name"], *("-" if r[c] is None else f"{r[c]:.{d}f}" for c, d in cols))
+    console = Console()
+    console.print(table)
+    for i, r in enumerate(rows, 1):
+        console.print(f"  {i}. {r['note']}", highlight=False)
 
 
 def main():
@@ -454,7 +442,7 @@ def main():
             rows += got if isinstance(got, list) else [got]
         except Exception as e:
             rows.append(_row(label, note=f"failed: {type(e).__name__}: {e}"))
-    _print_rows(rows)
+    print_rows(rows)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,109 @@
+"""Node configuration: ``config.toml`` in the data directory, every key defaulted.
+
+Sections mirror the dataclasses below.  Unknown sections or keys, and values
+of the wrong type, are errors that name the key, so a typo is never silently
+ignored.  ``render`` writes every key with its value, which is what
+``meshd init`` puts on disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .transport import TransportConfig
+
+CONFIG_FILE = "config.toml"
+
+
+class ConfigError(ValueError):
+    """The configuration file or an override is invalid; the message names the key."""
+
+
+@dataclass
+class NodeConfig:
+    listen: str = "0.0.0.0:4100"  # one UDP socket; "[::]:PORT" for IPv4 and IPv6
+    bootstrap: list[str] = field(default_factory=list)  # PEERID@HOST:PORT
+    log_level: str = "info"
+
+
+@dataclass
+class RpcConfig:
+    max_frame: int = 16 << 20
+    max_calls_per_peer: int = 256
+    default_timeout: float = 30.0
+
+
+@dataclass
+class PeersConfig:
+    bootstrap_max_backoff: float = 30.0
+    max_addresses_per_peer: int = 8
+
+
+@dataclass
+class Config:
+    node: NodeConfig = field(default_factory=NodeConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    rpc: RpcConfig = field(default_factory=RpcConfig)
+    peers: PeersConfig = field(default_factory=PeersConfig)
+
+    @classmethod
+    def load(cls, data_dir: Path) -> "Config":
+        """The config in ``data_dir`` (defaults for whatever it leaves out)."""
+        path = data_dir / CONFIG_FILE
+        config = cls()
+        if path.exists():
+            try:
+                raw = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{path}: {exc}") from None
+            config.update(raw, source=str(path))
+        return config
+
+    def update(self, raw: dict, source: str = "override") -> None:
+        """Apply ``{section: {key: value}}``, checking every name and type."""
+        for section_name, values in raw.items():
+            section = getattr(self, section_name, None)
+            if not dataclasses.is_dataclass(section) or not isinstance(values, dict):
+                raise ConfigError(f"{source}: unknown section [{section_name}]")
+            fields = {f.name: f for f in dataclasses.fields(section)}
+            for key, value in values.items():
+                if key not in fields:
+                    raise ConfigError(f"{source}: unknown key {section_name}.{key}")
+                setattr(section, key, _checked(value, getattr(section, key), f"{section_name}.{key}", source))
+
+    def render(self) -> str:
+        """TOML text with every section and key written out."""
+        lines = ["# meshd configuration: every key with its default; edit and restart.", ""]
+        for f in dataclasses.fields(self):
+            lines.append(f"[{f.name}]")
+            section = getattr(self, f.name)
+            for key, value in dataclasses.asdict(section).items():
+                lines.append(f"{key} = {_toml_value(value)}")
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _checked(value: object, default: object, name: str, source: str) -> object:
+    expected = type(default)
+    if expected is float and type(value) is int:
+        return float(value)
+    if expected is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{source}: {name} must be a list of strings")
+        return value
+    if type(value) is not expected:
+        raise ConfigError(f"{source}: {name} must be {expected.__name__}, not {type(value).__name__}")
+    return value
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)

@@ -1,0 +1,208 @@
+"""The control plane: a Unix socket in the data dir, and the client for it.
+
+``meshctl`` and ``meshd.connect()`` talk to the local daemon through
+``DATA_DIR/meshd.sock`` (mode 0600, and the connecting uid is checked), using
+the same RPC frames as peers do, one socket connection per call.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, AsyncIterator
+
+import trio
+
+from .address import AddressError
+from .identity import PeerId, PeerIdError
+from .rpc import InvalidArgument, RpcServer, Unavailable, unary_call
+from .streams import SocketCallStream
+
+if TYPE_CHECKING:
+    from .node import Node
+
+SOCKET_FILE = "meshd.sock"
+_MAX_FRAME = 16 << 20
+
+
+class DaemonNotRunning(Exception):
+    """No daemon answers on the data dir's control socket."""
+
+
+def socket_path(data_dir: str | Path) -> Path:
+    return Path(data_dir).expanduser() / SOCKET_FILE
+
+
+# --- server side --------------------------------------------------------------
+
+
+def _field(arg: object, name: str, kind: type) -> object:
+    if not isinstance(arg, dict) or not isinstance(arg.get(name), kind):
+        raise InvalidArgument(f"expected {{{name!r}: {kind.__name__}}}")
+    return arg[name]
+
+
+def _peer_field(arg: object) -> PeerId:
+    try:
+        return PeerId.from_string(_field(arg, "peer", str))
+    except PeerIdError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+def control_server(node: "Node") -> RpcServer:
+    """The methods the control socket offers, bound to ``node``."""
+    server = RpcServer(max_frame=_MAX_FRAME, max_calls_per_peer=64)
+
+    async def id_(arg, ctx):
+        return {"peer_id": str(node.peer_id), "address": str(node.address)}
+
+    async def status(arg, ctx):
+        return node.status()
+
+    async def peers(arg, ctx):
+        return node.peers()
+
+    async def ping(arg, ctx):
+        peer = _peer_field(arg)
+        return {"peer_id": str(peer), "rtt_ms": round(await node.ping(peer) * 1000, 3)}
+
+    async def connect(arg, ctx):
+        try:
+            peer = await node.connect(_field(arg, "addr", str))
+        except AddressError as exc:
+            raise InvalidArgument(str(exc)) from None
+        return {"peer_id": str(peer)}
+
+    async def disconnect(arg, ctx):
+        return {"disconnected": node.disconnect(_peer_field(arg))}
+
+    async def call(arg, ctx):
+        peer = _peer_field(arg)
+        method = _field(arg, "method", str)
+        timeout = arg.get("timeout", node.config.rpc.default_timeout)
+        if not isinstance(timeout, (int, float)):
+            raise InvalidArgument("timeout must be a number of seconds")
+        return await node.rpc.call(peer, method, arg.get("arg"), timeout=timeout)
+
+    for name, handler in (("id", id_), ("status", status), ("peers", peers), ("ping", ping),
+                          ("connect", connect), ("disconnect", disconnect), ("call", call)):
+        server.register(name, handler)
+    return server
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+async def serve_control(node: "Node", *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Listen on the control socket until cancelled; remove it afterwards."""
+    path = socket_path(node.data_dir)
+    if path.exists():
+        if await _answers(path):
+            raise RuntimeError(f"another meshd is running with data dir {node.data_dir}")
+        path.unlink()
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        await sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    server = control_server(node)
+    my_uid = os.getuid()
+    try:
+        async with trio.SocketListener(sock) as listener, trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                stream = await listener.accept()
+                if _peer_uid(stream.socket) not in (my_uid, 0):
+                    await stream.aclose()
+                    continue
+                nursery.start_soon(_serve_one, server, stream)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+async def _serve_one(server: RpcServer, stream: trio.SocketStream) -> None:
+    async with stream, trio.open_nursery() as nursery:
+        await server.serve_call(SocketCallStream(stream, nursery), "control")
+        nursery.cancel_scope.cancel()
+
+
+async def _answers(path: Path) -> bool:
+    try:
+        stream = await trio.open_unix_socket(str(path))
+    except OSError:
+        return False
+    await stream.aclose()
+    return True
+
+
+# --- client side --------------------------------------------------------------
+
+
+class Client:
+    """Talks to a running daemon.  Get one with :func:`connect`."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    async def _open(self) -> SocketCallStream:
+        try:
+            return SocketCallStream(await trio.open_unix_socket(str(self.path)))
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ECONNREFUSED):
+                raise DaemonNotRunning(
+                    f"no meshd is running with data dir {self.path.parent} "
+                    f"(start one with `meshd start --data-dir {self.path.parent}`)"
+                ) from None
+            raise Unavailable(f"control socket {self.path}: {exc.strerror}") from None
+
+    async def request(self, method: str, arg: object = None, timeout: float | None = 60) -> object:
+        """Call a control method of the daemon."""
+        return await unary_call(self._open, method, arg, timeout, _MAX_FRAME)
+
+    async def id(self) -> dict:
+        return await self.request("id")
+
+    async def status(self) -> dict:
+        return await self.request("status")
+
+    async def peers(self) -> list[dict]:
+        return await self.request("peers")
+
+    async def ping(self, peer: PeerId | str) -> float:
+        """Round-trip time to ``peer`` in milliseconds."""
+        return (await self.request("ping", {"peer": str(peer)}))["rtt_ms"]
+
+    async def connect(self, addr: str) -> str:
+        """Have the daemon dial ``PEERID@HOST:PORT``; returns the PeerId."""
+        return (await self.request("connect", {"addr": str(addr)}))["peer_id"]
+
+    async def disconnect(self, peer: PeerId | str) -> bool:
+        return (await self.request("disconnect", {"peer": str(peer)}))["disconnected"]
+
+    async def call(self, peer: PeerId | str, method: str, arg: object = None,
+                   timeout: float = 30.0) -> object:
+        """Unary RPC to ``peer`` made by the daemon on our behalf."""
+        return await self.request(
+            "call", {"peer": str(peer), "method": method, "arg": arg, "timeout": timeout},
+            timeout=timeout + 5,
+        )
+
+
+@asynccontextmanager
+async def connect(data_dir: str | Path = "~/.meshd") -> AsyncIterator[Client]:
+    """A client for the daemon running with ``data_dir``.
+
+    Raises DaemonNotRunning at once if no daemon answers there.
+    """
+    client = Client(socket_path(data_dir))
+    await client.id()
+    yield client

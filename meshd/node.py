@@ -1,0 +1,369 @@
+"""The node: identity, one QUIC endpoint, RPC, the peer store and bootstrap.
+
+``open_node`` is the way in::
+
+    async with meshd.open_node(data_dir="~/.meshd", listen="127.0.0.1:0") as node:
+        node.rpc.register("echo", echo)
+        reply = await node.rpc.call(peer_id, "echo", {"x": 1}, timeout=5)
+
+There is at most one connection per peer, reused by every call.  When both
+sides dial each other at once, the connection dialed by the smaller PeerId
+wins on both sides; otherwise a new connection replaces an old one (the peer
+restarted, or the old path died).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import trio
+
+from ._version import __version__
+from .address import AddressError, HostPort, PeerAddr
+from .config import Config
+from .control import serve_control
+from .identity import PeerId, load_or_create_identity
+from .peerrpc import PeerRpc
+from .peerstore import PeerStore
+from .transport import DialError, Endpoint, PeerConnection
+from .transport.connection import CLOSE_REPLACED
+from .rpc import InvalidArgument, Unavailable
+
+log = logging.getLogger("meshd.node")
+
+_RACE_WINDOW = 10.0  # seconds within which two connections to one peer count as a race
+AGENT = f"meshd/{__version__}"
+
+
+class Node:
+    """A running meshd node.  Create it with :func:`open_node`."""
+
+    def __init__(self, data_dir: Path, config: Config):
+        self.data_dir = data_dir
+        self.config = config
+        self.identity = load_or_create_identity(data_dir)
+        self.peer_id: PeerId = self.identity.peer_id
+        self.peerstore = PeerStore(data_dir, config.peers.max_addresses_per_peer)
+        self.endpoint = Endpoint(
+            self.identity,
+            config.transport,
+            on_connection=self._on_connection,
+            on_connection_lost=self._on_connection_lost,
+        )
+        self.rpc = PeerRpc(self, config.rpc)
+        self.started_at = trio.current_time()
+        self._conns: dict[PeerId, PeerConnection] = {}
+        self._dialing: dict[PeerId, trio.Event] = {}
+        self._connected_events: dict[PeerId, trio.Event] = {}
+        self._nursery: trio.Nursery | None = None
+        self.rpc.register("ping", _ping)
+        self.rpc.register("identify", self._identify)
+
+    # --- addresses -------------------------------------------------------------
+
+    @property
+    def listen_address(self) -> HostPort:
+        host, port = self.endpoint.local_address
+        return HostPort(host, port)
+
+    @property
+    def address(self) -> PeerAddr:
+        """The address others can dial, with a wildcard bind shown as loopback."""
+        hp = self.listen_address
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(hp.host, hp.host)
+        return PeerAddr(self.peer_id, HostPort(host, hp.port))
+
+    # --- connections -----------------------------------------------------------
+
+    def _on_connection(self, conn: PeerConnection) -> None:
+        peer = conn.peer_id
+        old = self._conns.get(peer)
+        if old is not None and old is not conn:
+            keep, drop = self._pick(old, conn)
+            drop.close(CLOSE_REPLACED, "replaced by another connection to the same peer")
+            if keep is old:
+                return
+        self._conns[peer] = conn
+        conn.on_stream = self._serve_stream
+        waiting = self._connected_events.pop(peer, None)
+        if waiting is not None:
+            waiting.set()
+        log.info("connected to %s at %s:%s (%s)", peer, *conn.remote_addr[:2],
+                 "dialed" if conn.dialed else "accepted")
+        self._nursery.start_soon(self._learn_about, conn)
+
+    def _pick(self, old: PeerConnection, new: PeerConnection) -> tuple[PeerConnection, PeerConnection]:
+        """(keep, drop) for two connections to one peer, the same choice on both sides."""
+        racing = new.created_at - old.created_at < _RACE_WINDOW and old.dialed != new.dialed
+        if not racing:
+            return new, old
+        dialed_by_smaller = old if old.dialed == (self.peer_id < old.peer_id) else new
+        return dialed_by_smaller, (new if dialed_by_smaller is old else old)
+
+    def _on_connection_lost(self, conn: PeerConnection) -> None:
+        if self._conns.get(conn.peer_id) is conn:
+            del self._conns[conn.peer_id]
+            log.info("lost connection to %s: %s", conn.peer_id, conn.close_reason)
+            self.peerstore.seen(conn.peer_id)
+
+    def _serve_stream(self, conn: PeerConnection, stream) -> None:
+        info = {"remote": conn.remote_addr, "path": conn.path}
+        self._nursery.start_soon(self.rpc.server.serve_call, stream, conn.peer_id, info)
+
+    async def _learn_about(self, conn: PeerConnection) -> None:
+        """Ask a new peer who it is and where it listens; store what it says."""
+        peer = conn.peer_id
+        if conn.dialed:
+            self.peerstore.add_addresses(peer, [_hostport(conn.remote_addr)])
+        try:
+            info = await self.rpc.call(peer, "identify", None, timeout=10)
+        except Exception as exc:  # a peer that cannot identify is still a peer
+            log.debug("identify %s failed: %s", peer, exc)
+            return
+        listen = _listen_addresses(info, conn.remote_addr)
+        if listen:
+            self.peerstore.add_addresses(peer, listen)
+        agent = info.get("agent") if isinstance(info, dict) else None
+        self.peerstore.seen(peer, rtt_ms=_ms(conn.rtt), path=conn.path,
+                            agent=agent if isinstance(agent, str) else None)
+
+    async def connection(self, peer: PeerId) -> PeerConnection:
+        """The live connection to ``peer``, dialing its known addresses if needed.
+
+        Raises Unavailable when no address is known or none answers.
+        """
+        conn = self._conns.get(peer)
+        if conn is not None and conn.close_reason is None:
+            return conn
+        if peer == self.peer_id:
+            raise InvalidArgument("cannot connect to ourselves")
+        pending = self._dialing.get(peer)
+        if pending is not None:
+            await pending.wait()
+            conn = self._conns.get(peer)
+            if conn is None:
+                raise Unavailable(f"could not reach {peer}")
+            return conn
+        record = self.peerstore.get(peer)
+        if record is None or not record.addrs:
+            raise Unavailable(f"no known address for {peer}; connect to PEERID@HOST:PORT first")
+        errors = []
+        for text in record.addrs:
+            try:
+                return await self._dial(PeerAddr(peer, HostPort.parse(text)))
+            except (DialError, AddressError) as exc:
+                errors.append(str(exc))
+        raise Unavailable(f"could not reach {peer}: " + "; ".join(errors))
+
+    async def _dial(self, addr: PeerAddr) -> PeerConnection:
+        event = self._dialing.setdefault(addr.peer_id, trio.Event())
+        try:
+            conn = await self.endpoint.dial(addr.host, addr.port, addr.peer_id)
+        finally:
+            if self._dialing.get(addr.peer_id) is event:
+                del self._dialing[addr.peer_id]
+            event.set()
+        return self._conns.get(addr.peer_id, conn)
+
+    async def connect(self, addr: PeerAddr | str) -> PeerId:
+        """Dial ``PEERID@HOST:PORT`` (reusing a live connection) and return the PeerId.
+
+        Raises AddressError for a malformed address and Unavailable when the
+        dial fails, including when a different key answers there.
+        """
+        if isinstance(addr, str):
+            addr = PeerAddr.parse(addr)
+        if addr.peer_id == self.peer_id:
+            raise InvalidArgument("that address is this node's own")
+        conn = self._conns.get(addr.peer_id)
+        if conn is None or conn.close_reason is not None:
+            try:
+                await self._dial(addr)
+            except DialError as exc:
+                raise Unavailable(str(exc)) from None
+        self.peerstore.add_addresses(addr.peer_id, [str(addr.hostport)])
+        return addr.peer_id
+
+    def disconnect(self, peer: PeerId) -> bool:
+        """Close the connection to ``peer``; False if there was none."""
+        conn = self._conns.pop(peer, None)
+        if conn is None:
+            return False
+        conn.close(reason="disconnected by request")
+        log.info("disconnected from %s", peer)
+        return True
+
+    async def wait_connected(self, peer: PeerId) -> None:
+        """Return once a connection to ``peer`` is up (whoever dialed)."""
+        while peer not in self._conns:
+            await self._connected_events.setdefault(peer, trio.Event()).wait()
+
+    def connected_peers(self) -> list[PeerId]:
+        return list(self._conns)
+
+    def peers(self) -> list[dict]:
+        """One dict per connected peer: id, address, path, direction, RTT, open streams."""
+        now = trio.current_time()
+        return [
+            {
+                "peer_id": str(peer),
+                "address": _hostport(conn.remote_addr),
+                "path": conn.path,
+                "direction": "out" if conn.dialed else "in",
+                "rtt_ms": _ms(conn.rtt),
+                "connected_s": round(now - conn.created_at, 1),
+                "streams": conn.open_streams,
+            }
+            for peer, conn in sorted(self._conns.items(), key=lambda kv: str(kv[0]))
+        ]
+
+    async def ping(self, peer: PeerId, timeout: float = 5.0) -> float:
+        """Round-trip time of one ``ping`` call, in seconds."""
+        start = trio.current_time()
+        await self.rpc.call(peer, "ping", None, timeout=timeout)
+        rtt = trio.current_time() - start
+        self.peerstore.seen(peer, rtt_ms=rtt * 1000)
+        return rtt
+
+    async def identify(self, peer: PeerId, timeout: float = 10.0) -> dict:
+        return await self.rpc.call(peer, "identify", None, timeout=timeout)
+
+    async def _identify(self, arg: object, ctx) -> dict:
+        remote = ctx.info.get("remote")
+        return {
+            "peer_id": str(self.peer_id),
+            "listen": [str(self.listen_address)],
+            "observed": _hostport(remote) if remote else None,
+            "services": self.rpc.server.methods,
+            "agent": AGENT,
+            "protocol": "meshd/1",
+        }
+
+    def status(self) -> dict:
+        return {
+            "peer_id": str(self.peer_id),
+            "address": str(self.address),
+            "listen": str(self.listen_address),
+            "agent": AGENT,
+            "uptime_s": round(trio.current_time() - self.started_at, 1),
+            "connections": len(self._conns),
+            "known_peers": len(self.peerstore.all()),
+            "services": self.rpc.server.methods,
+            "data_dir": str(self.data_dir),
+            "transport": dict(self.endpoint.stats),
+        }
+
+    # --- bootstrap -------------------------------------------------------------
+
+    async def _keep_connected(self, addr: PeerAddr) -> None:
+        """Stay connected to a bootstrap peer: dial with backoff, redial when lost."""
+        delay = 0.25
+        cap = self.config.peers.bootstrap_max_backoff
+        while True:
+            conn = self._conns.get(addr.peer_id)
+            if conn is not None and conn.close_reason is None:
+                delay = 0.25
+                await conn.terminated.wait()
+                continue
+            try:
+                await self.connect(addr)
+                continue
+            except Unavailable as exc:
+                log.warning("bootstrap %s failed (retry in %.1f s): %s", addr.hostport, delay, exc)
+            await trio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(cap, delay * 2)
+
+    async def _run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            host_port = HostPort.parse(self.config.node.listen, allow_zero_port=True)
+            await nursery.start(self.endpoint.serve, host_port.host, host_port.port)
+            await nursery.start(serve_control, self)
+            for text in self.config.node.bootstrap:
+                nursery.start_soon(self._keep_connected, PeerAddr.parse(text))
+            log.info("meshd %s listening at %s", __version__, self.address)
+            task_status.started()
+
+    def _close_connections(self) -> None:
+        for conn in list(self._conns.values()):
+            conn.close(reason="node shutting down")
+        self._conns.clear()
+
+
+async def _ping(arg: object, ctx) -> object:
+    """Echo the argument: a liveness and round-trip check."""
+    return arg
+
+
+def _hostport(addr: tuple) -> str:
+    host = addr[0]
+    if host.startswith("::ffff:"):
+        host = host[7:]
+    return str(HostPort(host, addr[1]))
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def _listen_addresses(info: object, remote: tuple) -> list[str]:
+    """The peer's listen addresses, with wildcard hosts replaced by where we saw it."""
+    if not isinstance(info, dict) or not isinstance(info.get("listen"), list):
+        return []
+    seen_host = _hostport(remote).rpartition(":")[0].strip("[]")
+    out = []
+    for text in info["listen"][:8]:
+        try:
+            hp = HostPort.parse(text) if isinstance(text, str) else None
+        except AddressError:
+            continue
+        if hp is not None:
+            host = seen_host if hp.host in ("0.0.0.0", "::") else hp.host
+            out.append(str(HostPort(host, hp.port)))
+    return out
+
+
+@asynccontextmanager
+async def open_node(
+    data_dir: str | Path,
+    *,
+    listen: str | list[str] | None = None,
+    bootstrap: list[str] | None = None,
+    config: Config | None = None,
+) -> AsyncIterator[Node]:
+    """Start a node with its state in ``data_dir``; stop it cleanly on exit.
+
+    ``listen`` and ``bootstrap`` override the config file.  The identity key
+    is created on first use.  Leaving the block closes every connection
+    (peers are told) and flushes the peer store.
+    """
+    data_dir = Path(data_dir).expanduser()
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    config = config or Config.load(data_dir)
+    if listen is not None:
+        if isinstance(listen, list):
+            if len(listen) != 1:
+                raise ValueError(
+                    "meshd listens on one UDP socket; use [::]:PORT for IPv4 and IPv6 together"
+                )
+            listen = listen[0]
+        config.node.listen = listen
+    if bootstrap is not None:
+        config.node.bootstrap = list(bootstrap)
+    for text in config.node.bootstrap:
+        PeerAddr.parse(text)  # fail now, with the reason, not in a background task
+    node = Node(data_dir, config)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node._run)
+            try:
+                yield node
+            finally:
+                node._close_connections()
+                nursery.cancel_scope.cancel()
+    finally:
+        node.peerstore.close()

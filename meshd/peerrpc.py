@@ -1,0 +1,75 @@
+"""``node.rpc``: register handlers and call methods on peers by PeerId."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, AsyncIterable, Callable, Iterable
+
+from .config import RpcConfig
+from .identity import PeerId, PeerIdError
+from .rpc import InvalidArgument, ResponseStream, RpcServer, client_stream_call, unary_call
+from .streams import StreamAborted
+
+if TYPE_CHECKING:
+    from .node import Node
+
+_DEFAULT = object()
+
+
+class PeerRpc:
+    """Calls to peers over their one shared connection, and the local handler registry."""
+
+    def __init__(self, node: "Node", config: RpcConfig):
+        self._node = node
+        self._config = config
+        self.server = RpcServer(
+            max_frame=config.max_frame, max_calls_per_peer=config.max_calls_per_peer
+        )
+
+    def register(self, name: str, handler: Callable, *, kind: str | None = None) -> None:
+        """Serve ``name``; see :class:`meshd.rpc.RpcServer.register` for handler shapes."""
+        self.server.register(name, handler, kind=kind)
+
+    def unregister(self, name: str) -> None:
+        self.server.unregister(name)
+
+    def _opener(self, peer: PeerId | str):
+        peer = _peer(peer)
+
+        async def open_stream():
+            conn = await self._node.connection(peer)
+            try:
+                return conn.open_stream()
+            except StreamAborted:  # closed between lookup and use: dial again once
+                return (await self._node.connection(peer)).open_stream()
+
+        return open_stream
+
+    def _timeout(self, timeout: object) -> float | None:
+        return self._config.default_timeout if timeout is _DEFAULT else timeout
+
+    async def call(self, peer: PeerId | str, method: str, arg: object = None, *,
+                   timeout: float | None = _DEFAULT) -> object:  # type: ignore[assignment]
+        """Unary call; returns the reply or raises the peer's typed RpcError."""
+        return await unary_call(self._opener(peer), method, arg, self._timeout(timeout),
+                                self._config.max_frame)
+
+    def stream(self, peer: PeerId | str, method: str, arg: object = None, *,
+               timeout: float | None = None) -> ResponseStream:
+        """Server-streaming call: ``async for item in node.rpc.stream(...)``."""
+        return ResponseStream(self._opener(peer), method, arg, timeout, self._config.max_frame)
+
+    async def client_stream(self, peer: PeerId | str, method: str,
+                            items: AsyncIterable | Iterable, *,
+                            timeout: float | None = _DEFAULT) -> object:  # type: ignore[assignment]
+        """Client-streaming call: send ``items``, get one reply."""
+        return await client_stream_call(self._opener(peer), method, items,
+                                        self._timeout(timeout), self._config.max_frame)
+
+
+def _peer(peer: PeerId | str) -> PeerId:
+    if isinstance(peer, PeerId):
+        return peer
+    try:
+        return PeerId.from_string(peer)
+    except (PeerIdError, AttributeError) as exc:
+        raise InvalidArgument(f"not a PeerId: {exc}") from None
