@@ -1,0 +1,25 @@
+# The two commands: `make demo` runs a local 3-node mesh, `make test` runs the suite.
+# Both create .venv and install everything (torch pinned to the local CPU wheel).
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+
+.PHONY: demo test bench clean
+
+demo: $(STAMP)
+	$(VENV)/bin/python examples/demo.py
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/python benchmarks/rpc.py
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[torch,test]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Command-line programs: ``meshd`` (the daemon) and ``meshctl`` (its admin tool)."""

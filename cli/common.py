@@ -1,0 +1,31 @@
+"""What both commands share: the data-dir default and one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_DATA_DIR = "~/.meshd"
+
+
+def data_dir_argument(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    """Add --data-dir; ``suppress`` leaves the default to an outer parser."""
+    parser.add_argument(
+        "--data-dir",
+        default=argparse.SUPPRESS if suppress else default_data_dir(),
+        type=lambda text: Path(text).expanduser(),
+        help="node state: key, config, peer store, control socket "
+        f"(default $MESHD_DATA_DIR or {DEFAULT_DATA_DIR})",
+    )
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("MESHD_DATA_DIR", DEFAULT_DATA_DIR)).expanduser()
+
+
+def fail(prog: str, message: str, code: int = 1) -> "NoReturn":  # noqa: F821
+    """Print one line to stderr and exit with ``code``."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(code)

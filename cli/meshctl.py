@@ -1,0 +1,148 @@
+"""``meshctl``: inspect and steer the local meshd through its control socket.
+
+Every command prints a rich table or line for people, or JSON with ``--json``
+for scripts.  Failures are one line on stderr and exit code 1 (2 for usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import trio
+from rich.console import Console
+from rich.table import Table
+
+import meshd
+
+from .common import data_dir_argument, fail
+
+console = Console()
+
+
+def _rows_table(title: str, rows: list[dict], columns: list[str]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("-" if row.get(c) is None else str(row.get(c)) for c in columns))
+    return table
+
+
+async def cmd_id(client: meshd.Client, args) -> object:
+    result = await client.id()
+    return result, lambda: console.print(result["address"], highlight=False, soft_wrap=True)
+
+
+async def cmd_status(client: meshd.Client, args) -> object:
+    result = await client.status()
+
+    def show() -> None:
+        table = Table(show_header=False, box=None)
+        for key, value in result.items():
+            table.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
+        console.print(table)
+
+    return result, show
+
+
+async def cmd_peers(client: meshd.Client, args) -> object:
+    rows = await client.peers()
+    columns = ["peer_id", "address", "path", "direction", "rtt_ms", "connected_s", "streams"]
+    return rows, lambda: console.print(_rows_table(f"{len(rows)} connected peers", rows, columns))
+
+
+async def cmd_ping(client: meshd.Client, args) -> object:
+    rtts = []
+    for _ in range(args.count):
+        rtts.append(await client.ping(args.peer))
+        if not args.json:
+            console.print(f"reply from {args.peer[:10]}...: {rtts[-1]:.3f} ms", highlight=False)
+    rtts.sort()
+    result = {"peer_id": args.peer, "rtt_ms": rtts, "min_ms": rtts[0],
+              "median_ms": rtts[len(rtts) // 2], "max_ms": rtts[-1]}
+    return result, lambda: console.print(
+        f"{len(rtts)} pings: min {rtts[0]:.3f} / median {result['median_ms']:.3f} / max {rtts[-1]:.3f} ms",
+        highlight=False,
+    )
+
+
+async def cmd_connect(client: meshd.Client, args) -> object:
+    result = {"peer_id": await client.connect(args.addr)}
+    return result, lambda: console.print(f"connected to {result['peer_id']}", highlight=False)
+
+
+async def cmd_disconnect(client: meshd.Client, args) -> object:
+    done = await client.disconnect(args.peer)
+    result = {"peer_id": args.peer, "disconnected": done}
+    text = "disconnected" if done else "was not connected to"
+    return result, lambda: console.print(f"{text} {args.peer}", highlight=False)
+
+
+async def cmd_call(client: meshd.Client, args) -> object:
+    try:
+        arg = json.loads(args.arg) if args.arg is not None else None
+    except json.JSONDecodeError as exc:
+        raise meshd.InvalidArgument(f"ARG is not JSON: {exc}") from None
+    result = await client.call(args.peer, args.method, arg, timeout=args.timeout)
+    return result, lambda: console.print_json(data=result, default=repr)
+
+
+def _parser() -> argparse.ArgumentParser:
+    def options(parser: argparse.ArgumentParser, suppress: bool) -> argparse.ArgumentParser:
+        data_dir_argument(parser, suppress=suppress)
+        parser.add_argument("--json", action="store_true", help="print JSON for scripts",
+                            default=argparse.SUPPRESS if suppress else False)
+        return parser
+
+    common = options(argparse.ArgumentParser(add_help=False), suppress=True)
+    parser = options(argparse.ArgumentParser(prog="meshctl", description="control a running meshd"),
+                     suppress=False)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, parents=[common])
+        p.set_defaults(func=func)
+        return p
+
+    add("id", cmd_id, "this node's PeerId and address")
+    add("status", cmd_status, "uptime, connections, services")
+    add("peers", cmd_peers, "connected peers with path and RTT")
+    p = add("ping", cmd_ping, "round-trip time to a peer")
+    p.add_argument("peer")
+    p.add_argument("-c", "--count", type=int, default=3)
+    add("connect", cmd_connect, "dial PEERID@HOST:PORT").add_argument("addr")
+    add("disconnect", cmd_disconnect, "close the connection to a peer").add_argument("peer")
+    p = add("call", cmd_call, "unary RPC to a peer: METHOD with a JSON argument")
+    p.add_argument("peer")
+    p.add_argument("method")
+    p.add_argument("arg", nargs="?", help="JSON argument (default null)")
+    p.add_argument("--timeout", type=float, default=30.0)
+    return parser
+
+
+async def _run(args) -> None:
+    async with meshd.connect(args.data_dir) as client:
+        result, show = await args.func(client, args)
+    if args.json:
+        print(json.dumps(result, default=lambda v: v.hex() if isinstance(v, bytes) else repr(v)))
+    else:
+        show()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if getattr(args, "count", 1) < 1:
+        fail("meshctl", "--count must be at least 1", 2)
+    try:
+        trio.run(_run, args)
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+    except meshd.DaemonNotRunning as exc:
+        fail("meshctl", str(exc))
+    except meshd.RpcError as exc:
+        fail("meshctl", exc.message or exc.code)
+
+
+if __name__ == "__main__":
+    main()

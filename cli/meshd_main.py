@@ -1,0 +1,79 @@
+"""``meshd``: create a node's identity and run the daemon in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+
+import trio
+
+import meshd
+from meshd.config import CONFIG_FILE, Config
+from meshd.identity import KEY_FILE, create_identity, load_identity
+
+from .common import data_dir_argument, fail
+
+log = logging.getLogger("meshd")
+
+
+def cmd_init(args: argparse.Namespace) -> None:
+    data_dir = args.data_dir
+    if (data_dir / KEY_FILE).exists():
+        identity = load_identity(data_dir)
+        print(f"already initialized: {identity.peer_id} (key kept)")
+    else:
+        identity = create_identity(data_dir)
+        print(f"created identity {identity.peer_id}")
+    config_path = data_dir / CONFIG_FILE
+    if not config_path.exists():
+        config_path.write_text(Config().render())
+        print(f"wrote {config_path} with every default")
+
+
+async def _run(args: argparse.Namespace) -> None:
+    async with meshd.open_node(args.data_dir, listen=args.listen, bootstrap=args.bootstrap) as node:
+        print(f"ready {node.address}", flush=True)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("%s received: closing connections and storage", signal.Signals(signum).name)
+                break
+    log.info("stopped")
+
+
+def cmd_start(args: argparse.Namespace) -> None:
+    config = Config.load(args.data_dir) if args.data_dir.exists() else Config()
+    level = (args.log_level or config.node.log_level).upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.getLogger("quic").setLevel(logging.WARNING)
+    trio.run(_run, args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="meshd", description="meshd peer-to-peer mesh daemon")
+    sub = parser.add_subparsers(dest="command", required=True)
+    init = sub.add_parser("init", help="create the identity key and config.toml")
+    data_dir_argument(init)
+    init.set_defaults(func=cmd_init)
+    start = sub.add_parser("start", help="run the daemon in the foreground")
+    data_dir_argument(start)
+    start.add_argument("--listen", help="UDP HOST:PORT to listen on (default from config: 0.0.0.0:4100)")
+    start.add_argument("--bootstrap", nargs="*", default=None, metavar="ADDR",
+                       help="PEERID@HOST:PORT of peers to join through")
+    start.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    start.set_defaults(func=cmd_start)
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        pass
+    except (meshd.IdentityError, meshd.ConfigError, meshd.AddressError, ValueError) as exc:
+        fail("meshd", str(exc))
+    except OSError as exc:
+        fail("meshd", f"{exc.strerror or exc} ({getattr(exc, 'filename', '') or 'socket'})")
+    except RuntimeError as exc:
+        fail("meshd", str(exc))
+
+
+if __name__ == "__main__":
+    main()
