@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 import trio
 from aioquic.quic import events as ev
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet import QuicErrorCode
 
 from ..identity import PeerId
 from ..streams import StreamAborted
@@ -262,7 +263,7 @@ class PeerConnection:
 
     def _on_terminated(self, event: ev.ConnectionTerminated) -> None:
         if self.close_reason is None:
-            self.close_reason = event.reason_phrase or f"closed by peer (code {event.error_code})"
+            self.close_reason = event.reason_phrase or _close_reason(event.error_code, self.peer_id)
         self._fail_streams(f"connection lost: {self.close_reason}")
         self.terminated.set()
         self.established.set()  # wake anyone waiting for a handshake that will not come
@@ -354,3 +355,11 @@ class PeerConnection:
     def open_streams(self) -> int:
         return len(self._streams)
 
+
+
+def _close_reason(code: int, peer: PeerId | None) -> str:
+    """Words for a close that came without a reason phrase."""
+    if peer is None and code == QuicErrorCode.APPLICATION_ERROR:
+        # an application close during the handshake is sent without its reason (RFC 9000 10.2.3)
+        return "peer refused the connection (at its connection limit, or shutting down)"
+    return f"closed by peer (code {code:#x})"

@@ -288,10 +288,11 @@ class Endpoint:
                 del self._by_cid[cid]
 
     async def _handshake_deadline(self, conn: PeerConnection) -> None:
-        with trio.move_on_after(self.config.handshake_timeout):
+        limit = self.config.handshake_timeout
+        with trio.move_on_after(limit):
             await conn.established.wait()
         if conn.peer_id is None and conn.close_reason is None:
-            conn.close(reason="handshake timed out")
+            conn.close(reason=f"no answer within {limit:g} s")
 
     def route_cid(self, cid: bytes, conn: PeerConnection) -> None:
         self._by_cid[cid] = conn

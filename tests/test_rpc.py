@@ -1,0 +1,262 @@
+"""The RPC layer over an in-memory stream pair: call kinds, errors, deadlines, cancellation."""
+
+
+import pytest
+import trio
+from hypothesis import given, settings, strategies as st
+
+from meshd.rpc import (
+    DeadlineExceeded,
+    FrameTooLargeError,
+    Internal,
+    InvalidArgument,
+    ResourceExhausted,
+    ResponseStream,
+    RpcServer,
+    UnknownMethod,
+    client_stream_call,
+    unary_call,
+)
+from meshd.rpc.framed import Framed
+from memstream import memory_call_stream_pair
+
+MAX = 1 << 20
+
+
+class Harness:
+    """An RpcServer plus a client-side stream opener that serves each call in a nursery."""
+
+    def __init__(self, nursery, **server_args):
+        self.server = RpcServer(max_frame=MAX, **server_args)
+        self.nursery = nursery
+
+    async def open(self):
+        client, server = memory_call_stream_pair()
+        self.nursery.start_soon(self.server.serve_call, server, "peer-1")
+        return client
+
+    async def call(self, method, arg=None, timeout=5.0):
+        return await unary_call(self.open, method, arg, timeout, MAX)
+
+
+@pytest.fixture
+async def rpc(nursery):
+    h = Harness(nursery, max_calls_per_peer=4)
+
+    async def echo(arg, ctx):
+        return arg
+
+    async def count(n, ctx):
+        for i in range(n):
+            yield i
+
+    async def total(items, ctx):
+        return sum([x async for x in items])
+
+    async def bad(arg, ctx):
+        raise ValueError("secret detail")
+
+    async def picky(arg, ctx):
+        if not isinstance(arg, int):
+            raise InvalidArgument("want an int")
+        return arg
+
+    h.server.register("echo", echo)
+    h.server.register("count", count)
+    h.server.register("total", total, kind="client_stream")
+    h.server.register("bad", bad)
+    h.server.register("picky", picky)
+    return h
+
+
+async def test_unary_server_stream_and_client_stream(rpc):
+    assert await rpc.call("echo", {"x": [1, b"\x00"]}) == {"x": [1, b"\x00"]}
+    assert [i async for i in ResponseStream(rpc.open, "count", 5, 5, MAX)] == [0, 1, 2, 3, 4]
+    assert await client_stream_call(rpc.open, "total", range(10), 5, MAX) == 45
+
+    async def agen():
+        for i in range(3):
+            yield i
+
+    assert await client_stream_call(rpc.open, "total", agen(), 5, MAX) == 3
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.text() | st.binary(),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+        max_leaves=15,
+    )
+)
+@settings(max_examples=50, deadline=None)
+def test_any_msgpack_value_round_trips(value):
+    async def main():
+        async with trio.open_nursery() as nursery:
+            h = Harness(nursery)
+
+            async def echo(arg, ctx):
+                return arg
+
+            h.server.register("echo", echo)
+            assert await h.call("echo", value) == value
+
+    trio.run(main)
+
+
+async def test_errors_come_back_typed_and_the_server_keeps_serving(rpc):
+    with pytest.raises(UnknownMethod, match="nope"):
+        await rpc.call("nope")
+    with pytest.raises(InvalidArgument, match="want an int"):
+        await rpc.call("picky", "x")
+    with pytest.raises(Internal, match="ValueError") as info:
+        await rpc.call("bad")
+    assert "secret detail" not in str(info.value)
+    with pytest.raises(InvalidArgument, match="server_stream, called as unary"):
+        await rpc.call("count", 3)
+    assert await rpc.call("echo", 7) == 7
+
+
+async def test_deadline_travels_with_the_request(rpc):
+    seen = {}
+
+    async def when(arg, ctx):
+        seen["left"] = ctx.deadline - trio.current_time()
+        return None
+
+    rpc.server.register("when", when)
+    await rpc.call("when", timeout=5)
+    assert 4 < seen["left"] <= 5
+    with trio.move_on_after(2):  # an enclosing deadline shorter than the timeout wins
+        await rpc.call("when", timeout=30)
+    assert 1 < seen["left"] <= 2
+    await rpc.call("when", timeout=None)
+    assert seen["left"] > 3000  # no timeout: the server's own cap applies
+
+
+async def test_server_enforces_the_deadline_it_was_sent(rpc):
+    cancelled = trio.Event()
+
+    async def stuck(arg, ctx):
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    rpc.server.register("stuck", stuck)
+    client = await rpc.open()
+    framed = Framed(client, MAX)
+    await framed.write([0, "stuck", 50, 0, None])  # 50 ms deadline, raw
+    with trio.fail_after(5):
+        ok, frame = await framed.read()
+        await cancelled.wait()
+    assert ok and frame[:2] == [4, "DEADLINE_EXCEEDED"]
+
+
+async def test_client_timeout_cancels_the_handler(rpc):
+    started, cancelled = trio.Event(), trio.Event()
+
+    async def stuck(arg, ctx):
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    rpc.server.register("stuck", stuck)
+    with pytest.raises(DeadlineExceeded):
+        await rpc.call("stuck", timeout=0.1)
+    with trio.fail_after(5):
+        await cancelled.wait()
+
+
+async def test_caller_cancellation_propagates_to_the_server(rpc):
+    started, cancelled = trio.Event(), trio.Event()
+
+    async def stuck(arg, ctx):
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    rpc.server.register("stuck", stuck)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rpc.call, "stuck", None, None)
+        await started.wait()
+        nursery.cancel_scope.cancel()
+    with trio.fail_after(5):
+        await cancelled.wait()
+
+
+async def test_breaking_out_of_a_stream_stops_the_generator(rpc):
+    closed = trio.Event()
+
+    async def forever(arg, ctx):
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+        finally:
+            closed.set()
+
+    rpc.server.register("forever", forever)
+    async with ResponseStream(rpc.open, "forever", None, None, MAX) as items:
+        async for i in items:
+            if i == 3:
+                break
+    with trio.fail_after(5):
+        await closed.wait()
+
+
+async def test_per_peer_concurrency_limit(rpc):
+    release = trio.Event()
+    entered = 0
+    all_in = trio.Event()
+
+    async def hold(arg, ctx):
+        nonlocal entered
+        entered += 1
+        if entered == 4:
+            all_in.set()
+        await release.wait()
+        return arg
+
+    rpc.server.register("hold", hold)
+    async with trio.open_nursery() as nursery:
+        for i in range(4):
+            nursery.start_soon(rpc.call, "hold", i)
+        await all_in.wait()
+        with pytest.raises(ResourceExhausted, match="4 concurrent"):
+            await rpc.call("hold", 99)
+        release.set()
+    assert await rpc.call("hold", 5) == 5  # slots are given back
+
+
+async def test_oversized_frames_both_ways(rpc):
+    with pytest.raises(FrameTooLargeError):
+        await rpc.call("echo", b"x" * (MAX + 1))
+    client = await rpc.open()
+    await client.send_all((MAX + 1).to_bytes(4, "big"))
+    with trio.fail_after(5):
+        ok, frame = await Framed(client, MAX).read()
+    assert frame[:2] == [4, "FRAME_TOO_LARGE"]
+
+
+@pytest.mark.parametrize(
+    "raw, code",
+    [
+        (b"\x00\x00\x00\x01\xc1", "PROTOCOL_ERROR"),  # not msgpack
+        (b"\x00\x00\x00\x03\x92\x09\x09", "PROTOCOL_ERROR"),  # [9, 9]: not a request
+        (b"\x00\x00\x00\x02\x91\x00", "PROTOCOL_ERROR"),  # [0]: short request
+    ],
+)
+async def test_malformed_requests_get_error_replies(rpc, raw, code):
+    client = await rpc.open()
+    await client.send_all(raw)
+    with trio.fail_after(5):
+        ok, frame = await Framed(client, MAX).read()
+    assert ok and frame[0] == 4 and frame[1] == code
+    assert await rpc.call("echo", 1) == 1
+
+
