@@ -126,7 +126,9 @@ class RpcServer:
             framed.stream.abort()
 
     async def _serve(self, framed: Framed, peer: Any, info: dict) -> None:
-        with trio.move_on_after(self.first_frame_timeout) as scope:
+        # One cancel scope serves the whole call: first the wait for the request,
+        # then the caller's deadline; a peer abort cancels it too.
+        with trio.CancelScope(deadline=trio.current_time() + self.first_frame_timeout) as scope:
             ok, frame = await framed.read()
         if scope.cancelled_caught:
             raise ProtocolViolation("no request within the first-frame timeout")
@@ -160,32 +162,32 @@ class RpcServer:
 
     async def _run(self, framed: Framed, method: _Method, request: P.Request, ctx: CallContext) -> None:
         stream = framed.stream
-        with trio.CancelScope() as aborted:
-            with trio.move_on_at(ctx.deadline) as deadline:
-                try:
-                    if method.kind == P.CLIENT_STREAM:
-                        result = await method.handler(_incoming_items(framed, aborted), ctx)
-                        stream.cancel_on_abort(aborted)
-                        await framed.write([P.REPLY, result])
+        with trio.CancelScope(deadline=ctx.deadline) as scope:
+            try:
+                if method.kind == P.CLIENT_STREAM:
+                    result = await method.handler(_incoming_items(framed, scope), ctx)
+                    stream.cancel_on_abort(scope)
+                    await framed.write([P.REPLY, result])
+                else:
+                    stream.cancel_on_abort(scope)
+                    if method.kind == P.UNARY:
+                        await framed.write([P.REPLY, await method.handler(request.arg, ctx)])
                     else:
-                        stream.cancel_on_abort(aborted)
-                        if method.kind == P.UNARY:
-                            await framed.write([P.REPLY, await method.handler(request.arg, ctx)])
-                        else:
-                            await self._stream_items(framed, method.handler(request.arg, ctx))
-                    stream.cancel_on_abort(None)
-                    await stream.close()
-                except (RpcError, FrameError, StreamAborted):
-                    raise
-                except Exception as exc:  # a handler bug must not take the node down
-                    log.warning("handler %s failed: %r", ctx.method, exc, exc_info=True)
-                    raise Internal(f"handler failed: {type(exc).__name__}") from None
-                finally:
-                    stream.cancel_on_abort(None)
-        if aborted.cancelled_caught:
-            stream.abort()
-        elif deadline.cancelled_caught:
-            raise DeadlineExceeded(f"{ctx.method} did not finish before its deadline")
+                        await self._stream_items(framed, method.handler(request.arg, ctx))
+                stream.cancel_on_abort(None)
+                await stream.close()
+            except (RpcError, FrameError, StreamAborted):
+                raise
+            except Exception as exc:  # a handler bug must not take the node down
+                log.warning("handler %s failed: %r", ctx.method, exc, exc_info=True)
+                raise Internal(f"handler failed: {type(exc).__name__}") from None
+            finally:
+                stream.cancel_on_abort(None)
+        if scope.cancelled_caught:
+            if trio.current_time() < ctx.deadline:  # cancelled early: the caller went away
+                stream.abort()
+            else:
+                raise DeadlineExceeded(f"{ctx.method} did not finish before its deadline")
 
     async def _stream_items(self, framed: Framed, items: AsyncIterator) -> None:
         try:

@@ -61,6 +61,8 @@ class MeshQuicConnection(QuicConnection):
             limit.used = used
 
     def _write_stream_limits(self, builder, space, stream) -> None:  # type: ignore[override]
+        if stream.max_stream_data_local_sent == stream.max_stream_data_local:
+            return  # nothing to announce (called for every stream in every packet: keep it cheap)
         receiver = stream.receiver
         highest, receiver.highest_offset = receiver.highest_offset, 0
         try:
