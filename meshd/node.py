@@ -31,7 +31,7 @@ from .peerrpc import PeerRpc
 from .peerstore import PeerStore
 from .transport import DialError, Endpoint, PeerConnection
 from .transport.connection import CLOSE_REPLACED
-from .rpc import InvalidArgument, Unavailable
+from .rpc import InvalidArgument, RpcError, Unavailable
 
 log = logging.getLogger("meshd.node")
 
@@ -272,7 +272,7 @@ class Node:
             try:
                 await self.connect(addr)
                 continue
-            except Unavailable as exc:
+            except RpcError as exc:
                 log.warning("bootstrap %s failed (retry in %.1f s): %s", addr.hostport, delay, exc)
             await trio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(cap, delay * 2)
@@ -284,7 +284,11 @@ class Node:
             await nursery.start(self.endpoint.serve, host_port.host, host_port.port)
             await nursery.start(serve_control, self)
             for text in self.config.node.bootstrap:
-                nursery.start_soon(self._keep_connected, PeerAddr.parse(text))
+                addr = PeerAddr.parse(text)
+                if addr.peer_id == self.peer_id:
+                    log.info("skipping bootstrap entry %s: it is this node", addr.hostport)
+                    continue
+                nursery.start_soon(self._keep_connected, addr)
             log.info("meshd %s listening at %s", __version__, self.address)
             task_status.started()
 

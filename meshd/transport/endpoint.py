@@ -171,9 +171,7 @@ class Endpoint:
             return None
         conn = self._by_cid.get(header.destination_cid)
         if conn is None:
-            conn = self._accept(data, header, addr)
-            if conn is None:
-                return None
+            return self._accept(data, header, addr)  # fed the datagram already
         try:
             conn.datagram_received(data, addr, now)
         except Exception:  # aioquic should not raise on peer input; contain it if it does
@@ -213,6 +211,10 @@ class Endpoint:
         return conn
 
     def _accept(self, data: bytes, header, addr: tuple) -> PeerConnection | None:
+        """Start an incoming connection from its first datagram, if that is a real Initial.
+
+        Returns the new connection (already fed ``data``), or None.
+        """
         if header.packet_type == QuicPacketType.VERSION_NEGOTIATION:
             return None
         if header.version is not None and header.version not in QuicConfiguration().supported_versions:
@@ -234,13 +236,20 @@ class Endpoint:
             configuration=self._quic_config(False, addr[0]),
             original_destination_connection_id=header.destination_cid,
         )
+        now = trio.current_time()
+        quic.receive_datagram(data, addr, now)
+        first_flight = quic.datagrams_to_send(now)
+        if not first_flight:  # nothing decrypted: a forged or corrupt Initial gets no slot
+            self.stats["bad_initial"] += 1
+            return None
         conn = self._new_connection(quic, addr, dialed=False, expected_peer=None)
         self.route_cid(header.destination_cid, conn)
         if len(self._cids) > self.config.max_connections:
-            conn.datagram_received(data, addr, trio.current_time())
-            conn.close(CLOSE_REFUSED, "too many connections")
+            conn.close(CLOSE_REFUSED, "too many connections")  # instead of the first flight
             self.stats["refused"] += 1
-            return None
+            return conn
+        for datagram, to in first_flight:
+            self.send_datagram(datagram, to)
         return conn
 
     async def dial(self, host: str, port: int, expected_peer: PeerId, timeout: float | None = None) -> PeerConnection:
