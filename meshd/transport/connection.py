@@ -38,14 +38,23 @@ CLOSE_REPLACED = 0x103
 
 
 class MeshQuicConnection(QuicConnection):
-    """aioquic's connection with two changes meshd needs.
+    """aioquic's connection with the changes meshd needs.
 
     * A server asks the client for its certificate, so both sides prove a key.
     * Receive credit (MAX_DATA, MAX_STREAM_DATA) grows as the application
       reads, not as data arrives, so an unread stream stops its sender.  The
       PeerConnection raises the limits in ``consumed``; aioquic's own
       doubling rule is neutralised here by hiding the amounts it looks at.
+    * ACKs are not delayed (see ``__init__``).
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # aioquic holds every ACK back for 1 ms, so a reply that leaves sooner goes
+        # without it and a timer wakes up later to send the ACK alone.  With no
+        # delay, the ACK rides on the next packet we send; our flush already
+        # batches one per scheduling round, so no ACK storm follows.
+        self._ack_delay = 0.0
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
@@ -147,6 +156,8 @@ class PeerConnection:
         while True:
             if not self._tx_pending:
                 await self._tx_lot.park()
+            # Let the tasks woken with us (handlers, readers) run first, so their
+            # replies leave in the same packet as the ACK for what woke them.
             self._tx_pending = False
             self.transmit()
 

@@ -181,15 +181,17 @@ class Endpoint:
 
     # --- connections -----------------------------------------------------------
 
-    def _quic_config(self, is_client: bool, host: str) -> QuicConfiguration:
+    def _new_quic(self, is_client: bool, host: str, **kwargs) -> MeshQuicConnection:
+        """A QUIC state machine for a path to ``host`` (big datagrams on loopback)."""
+        return MeshQuicConnection(configuration=self._quic_config(is_client, _is_loopback(host)), **kwargs)
+
+    def _quic_config(self, is_client: bool, loopback: bool) -> QuicConfiguration:
         cfg = self.config
         return QuicConfiguration(
             is_client=is_client,
             alpn_protocols=[ALPN],
             idle_timeout=cfg.idle_timeout,
-            max_datagram_size=(
-                cfg.loopback_datagram_size if _is_loopback(host) else cfg.max_datagram_size
-            ),
+            max_datagram_size=cfg.loopback_datagram_size if loopback else cfg.max_datagram_size,
             max_data=cfg.connection_window,
             max_stream_data=cfg.stream_window,
             verify_mode=ssl.CERT_NONE,  # the peer is checked by PeerId after the handshake
@@ -232,10 +234,7 @@ class Endpoint:
             return None
         if self._nursery is None:
             return None
-        quic = MeshQuicConnection(
-            configuration=self._quic_config(False, addr[0]),
-            original_destination_connection_id=header.destination_cid,
-        )
+        quic = self._new_quic(False, addr[0], original_destination_connection_id=header.destination_cid)
         now = trio.current_time()
         quic.receive_datagram(data, addr, now)
         first_flight = quic.datagrams_to_send(now)
@@ -261,7 +260,7 @@ class Endpoint:
         if self._nursery is None:
             raise DialError("endpoint is not running")
         addr = await self._resolve(host, port)
-        quic = MeshQuicConnection(configuration=self._quic_config(True, addr[0]))
+        quic = self._new_quic(True, addr[0])
         conn = self._new_connection(quic, addr, dialed=True, expected_peer=expected_peer)
         quic.connect(addr, now=trio.current_time())
         conn.transmit()
