@@ -35,6 +35,7 @@ CLOSE_NORMAL = 0
 CLOSE_AUTH_FAILED = 0x101
 CLOSE_REFUSED = 0x102
 CLOSE_REPLACED = 0x103
+_FLUSH_EVERY = 8  # writes between forced flushes
 
 
 class MeshQuicConnection(QuicConnection):
@@ -121,6 +122,7 @@ class PeerConnection:
         self._keepalive_interval = keepalive_interval
         self._ping_ids = itertools.count()
         self._tx_pending = False
+        self._tx_writes = 0
         self._tx_lot = trio.lowlevel.ParkingLot()
         self._timer_at = math.inf
         self._timer_scope: trio.CancelScope | None = None
@@ -196,6 +198,7 @@ class PeerConnection:
         """Send every datagram aioquic has ready, then re-arm its timer."""
         quic = self.quic
         send = self.endpoint.send_datagram
+        self._tx_writes = 0
         for data, addr in quic.datagrams_to_send(now=trio.current_time()):
             send(data, addr)
         timer = quic.get_timer()
@@ -204,8 +207,15 @@ class PeerConnection:
             self._timer_scope.deadline = self._timer_at
 
     def schedule_transmit(self) -> None:
-        """Flush soon, once, however many writes happen before then."""
-        if not self._tx_pending:
+        """Flush soon, once for many writes; every ``_FLUSH_EVERY`` writes, at once.
+
+        Flushing part of a big burst early lets the peer start on it while we
+        produce the rest, instead of both sides taking turns.
+        """
+        self._tx_writes += 1
+        if self._tx_writes >= _FLUSH_EVERY:
+            self.transmit()
+        elif not self._tx_pending:
             self._tx_pending = True
             self._tx_lot.unpark()
 
