@@ -27,6 +27,13 @@ class CallStream(Protocol):
         Raises StreamAborted if the peer reset the stream or the connection died.
         """
 
+    async def send_eof(self) -> None:
+        """End our sending side after everything queued; we may go on reading.
+
+        A transport that cannot tell an end of sending from a disconnect (a
+        Unix socket) keeps its side open here and ends it at ``close``.
+        """
+
     async def close(self) -> None:
         """End our sending side after everything queued, and stop reading.
 
@@ -38,7 +45,8 @@ class CallStream(Protocol):
         """Reset both directions at once; never blocks."""
 
     def cancel_on_abort(self, scope: trio.CancelScope | None) -> None:
-        """Cancel ``scope`` if the peer resets the stream or finishes sending.
+        """Cancel ``scope`` if the peer abandons the stream (reset, stop-sending,
+        or, where ``send_eof`` is a no-op, an end of stream).
 
         ``None`` stops watching.  Used by the server while a handler runs.
         """
@@ -67,6 +75,9 @@ class SocketCallStream:
             return await self._sock.receive_some(1 << 16)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise StreamAborted(str(exc)) from None
+
+    async def send_eof(self) -> None:
+        await trio.lowlevel.checkpoint()  # see CallStream.send_eof: EOF here means "gone"
 
     async def close(self) -> None:
         self.abort()

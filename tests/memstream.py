@@ -36,10 +36,14 @@ class MemoryCallStream:
         self._buf.clear()
         return data
 
-    async def close(self) -> None:
+    async def send_eof(self) -> None:
         await trio.lowlevel.checkpoint()
-        self._closed = True
-        self.peer._end()
+        if not self._closed:
+            self._closed = True
+            self.peer._end()
+
+    async def close(self) -> None:
+        await self.send_eof()
 
     def abort(self) -> None:
         self._aborted = True
@@ -48,13 +52,11 @@ class MemoryCallStream:
 
     def cancel_on_abort(self, scope: trio.CancelScope | None) -> None:
         self._watch = scope
-        if scope is not None and (self._eof or self._aborted):
+        if scope is not None and self._aborted:
             scope.cancel()
 
     def _end(self) -> None:
         self._eof = True
-        if self._watch is not None:
-            self._watch.cancel()
         self._lot.unpark_all()
 
     def _reset(self) -> None:

@@ -179,3 +179,25 @@ async def test_close_fails_open_streams_and_tells_the_peer(pair):
     assert a.lost[0].close_reason == "test over"
     with pytest.raises(StreamAborted):
         conn.open_stream()
+
+
+async def test_caller_giving_up_cancels_the_remote_handler(pair):
+    a, b = pair
+    started, cancelled = trio.Event(), trio.Event()
+
+    async def hang(arg, ctx):
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    a.server.register("hang", hang)
+    conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
+    async with trio.open_nursery() as nursery:  # no deadline: only the reset can stop it
+        nursery.start_soon(unary_call, lambda: _ready(conn.open_stream()), "hang", None, None, MAX)
+        await started.wait()
+        nursery.cancel_scope.cancel()
+    with trio.fail_after(5):
+        await cancelled.wait()  # STOP_SENDING / RESET_STREAM reached the server
+    assert await unary_call(lambda: _ready(conn.open_stream()), "echo", 1, 5, MAX) == 1

@@ -72,6 +72,7 @@ async def unary_call(
         try:
             framed = Framed(stream, max_frame)
             await framed.write(P.request_frame(method, _wire_timeout(deadline), P.UNARY, arg))
+            await stream.send_eof()
             result = await _read_reply(framed)
         except (StreamAborted, FrameError) as exc:
             stream.abort()
@@ -112,6 +113,7 @@ async def client_stream_call(
                     for item in items:
                         await framed.write([P.ITEM, item])
                 await framed.write(P.END_FRAME)
+                await stream.send_eof()
             except StreamAborted:
                 pass  # the server stopped reading: its reply says why
             result = await _read_reply(framed)
@@ -175,6 +177,7 @@ class ResponseStream:
                 await self._framed.write(
                     P.request_frame(self._method, wire_timeout, P.SERVER_STREAM, self._arg)
                 )
+                await stream.send_eof()
             ok, frame = await self._framed.read()
         except (StreamAborted, FrameError) as exc:
             raise _translate(exc) from None

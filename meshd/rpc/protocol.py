@@ -10,9 +10,10 @@ first element is its type:
     END      [3]                                          end of a stream of ITEMs
     ERROR    [4, code, message]                           server -> client, final
 
-The client keeps its sending side open until it has the server's final frame;
-its end of stream (QUIC FIN or socket close) or a stream reset before then
-means the caller gave up, and the server cancels the handler.
+After its last frame (REQUEST, or END of a client stream) the caller ends its
+sending side.  A caller that gives up resets the stream (QUIC RESET_STREAM and
+STOP_SENDING), or on the Unix control socket closes the connection, and the
+server cancels the handler.
 """
 
 from __future__ import annotations

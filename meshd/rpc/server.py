@@ -126,68 +126,70 @@ class RpcServer:
             framed.stream.abort()
 
     async def _serve(self, framed: Framed, peer: Any, info: dict) -> None:
-        # One cancel scope serves the whole call: first the wait for the request,
-        # then the caller's deadline; a peer abort cancels it too.
+        # One cancel scope serves the whole call: its deadline is first the wait
+        # for the request, then the caller's deadline; a peer abort cancels it.
+        ctx = None
         with trio.CancelScope(deadline=trio.current_time() + self.first_frame_timeout) as scope:
             ok, frame = await framed.read()
-        if scope.cancelled_caught:
-            raise ProtocolViolation("no request within the first-frame timeout")
-        if not ok:
-            framed.stream.abort()
-            return
-        request = P.parse_request(frame)
-        method = self._methods.get(request.method)
-        if method is None:
-            raise UnknownMethod(f"no method {request.method!r}")
-        if method.kind != request.kind:
-            raise InvalidArgument(
-                f"{request.method!r} is {P.KIND_NAMES[method.kind]}, "
-                f"called as {P.KIND_NAMES[request.kind]}"
-            )
-        if self._active[peer] >= self.max_calls_per_peer:
-            raise ResourceExhausted(
-                f"more than {self.max_calls_per_peer} concurrent calls from this peer"
-            )
-        timeout = self.max_call_timeout
-        if request.timeout is not None:
-            timeout = min(timeout, request.timeout)
-        ctx = CallContext(peer, request.method, trio.current_time() + timeout, info)
-        self._active[peer] += 1
-        try:
-            await self._run(framed, method, request, ctx)
-        finally:
-            self._active[peer] -= 1
-            if not self._active[peer]:
-                del self._active[peer]
-
-    async def _run(self, framed: Framed, method: _Method, request: P.Request, ctx: CallContext) -> None:
-        stream = framed.stream
-        with trio.CancelScope(deadline=ctx.deadline) as scope:
+            if not ok:
+                framed.stream.abort()
+                return
+            request = P.parse_request(frame)
+            method = self._methods.get(request.method)
+            if method is None:
+                raise UnknownMethod(f"no method {request.method!r}")
+            if method.kind != request.kind:
+                raise InvalidArgument(
+                    f"{request.method!r} is {P.KIND_NAMES[method.kind]}, "
+                    f"called as {P.KIND_NAMES[request.kind]}"
+                )
+            if self._active[peer] >= self.max_calls_per_peer:
+                raise ResourceExhausted(
+                    f"more than {self.max_calls_per_peer} concurrent calls from this peer"
+                )
+            timeout = self.max_call_timeout
+            if request.timeout is not None:
+                timeout = min(timeout, request.timeout)
+            ctx = CallContext(peer, request.method, trio.current_time() + timeout, info)
+            scope.deadline = ctx.deadline
+            self._active[peer] += 1
             try:
-                if method.kind == P.CLIENT_STREAM:
-                    result = await method.handler(_incoming_items(framed, scope), ctx)
-                    stream.cancel_on_abort(scope)
-                    await framed.write([P.REPLY, result])
-                else:
-                    stream.cancel_on_abort(scope)
-                    if method.kind == P.UNARY:
-                        await framed.write([P.REPLY, await method.handler(request.arg, ctx)])
-                    else:
-                        await self._stream_items(framed, method.handler(request.arg, ctx))
-                stream.cancel_on_abort(None)
-                await stream.close()
-            except (RpcError, FrameError, StreamAborted):
-                raise
-            except Exception as exc:  # a handler bug must not take the node down
-                log.warning("handler %s failed: %r", ctx.method, exc, exc_info=True)
-                raise Internal(f"handler failed: {type(exc).__name__}") from None
+                await self._run(framed, method, request, ctx, scope)
             finally:
-                stream.cancel_on_abort(None)
+                self._active[peer] -= 1
+                if not self._active[peer]:
+                    del self._active[peer]
         if scope.cancelled_caught:
+            if ctx is None:
+                raise ProtocolViolation("no request within the first-frame timeout")
             if trio.current_time() < ctx.deadline:  # cancelled early: the caller went away
-                stream.abort()
+                framed.stream.abort()
             else:
                 raise DeadlineExceeded(f"{ctx.method} did not finish before its deadline")
+
+    async def _run(self, framed: Framed, method: _Method, request: P.Request, ctx: CallContext,
+                   scope: trio.CancelScope) -> None:
+        stream = framed.stream
+        try:
+            if method.kind == P.CLIENT_STREAM:
+                result = await method.handler(_incoming_items(framed, scope), ctx)
+                stream.cancel_on_abort(scope)
+                await framed.write([P.REPLY, result])
+            else:
+                stream.cancel_on_abort(scope)
+                if method.kind == P.UNARY:
+                    await framed.write([P.REPLY, await method.handler(request.arg, ctx)])
+                else:
+                    await self._stream_items(framed, method.handler(request.arg, ctx))
+            stream.cancel_on_abort(None)
+            await stream.close()
+        except (RpcError, FrameError, StreamAborted):
+            raise
+        except Exception as exc:  # a handler bug must not take the node down
+            log.warning("handler %s failed: %r", ctx.method, exc, exc_info=True)
+            raise Internal(f"handler failed: {type(exc).__name__}") from None
+        finally:
+            stream.cancel_on_abort(None)
 
     async def _stream_items(self, framed: Framed, items: AsyncIterator) -> None:
         try:

@@ -202,9 +202,11 @@ class PeerConnection:
         for data, addr in quic.datagrams_to_send(now=trio.current_time()):
             send(data, addr)
         timer = quic.get_timer()
-        self._timer_at = math.inf if timer is None else timer
-        if self._timer_scope is not None:
-            self._timer_scope.deadline = self._timer_at
+        timer = math.inf if timer is None else timer
+        if timer != self._timer_at:
+            self._timer_at = timer
+            if self._timer_scope is not None:
+                self._timer_scope.deadline = timer
 
     def schedule_transmit(self) -> None:
         """Flush soon, once for many writes; every ``_FLUSH_EVERY`` writes, at once.
@@ -340,11 +342,13 @@ class PeerConnection:
                 qs.max_stream_data_local = target
                 self.schedule_transmit()
 
-    def finish_stream(self, stream: QuicCallStream, *, stop_peer: bool) -> None:
-        self.quic.send_stream_data(stream.stream_id, b"", end_stream=True)
+    def finish_sending(self, stream: QuicCallStream) -> None:
+        self.send_data(stream.stream_id, b"", True)
+
+    def done_reading(self, stream: QuicCallStream, *, stop_peer: bool) -> None:
         if stop_peer:
             self._stop(stream)
-        self.schedule_transmit()
+            self.schedule_transmit()
         if stream.finished:
             self._forget(stream)
 

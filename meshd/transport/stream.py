@@ -26,7 +26,7 @@ class QuicCallStream:
 
     __slots__ = (
         "_conn", "stream_id", "_recv", "_eof", "_aborted", "_send_stopped",
-        "_closed", "_readers", "_writers", "_watch",
+        "_sent_eof", "_closed", "_readers", "_writers", "_watch",
     )
 
     def __init__(self, conn: "PeerConnection", stream_id: int):
@@ -36,6 +36,7 @@ class QuicCallStream:
         self._eof = False
         self._aborted: str | None = None
         self._send_stopped = False
+        self._sent_eof = False
         self._closed = False
         self._readers = trio.lowlevel.ParkingLot()
         self._writers = trio.lowlevel.ParkingLot()
@@ -72,6 +73,12 @@ class QuicCallStream:
             conn.wait_for_acks(self)
             await self._writers.park()
 
+    async def send_eof(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_sendable()
+        self._sent_eof = True
+        self._conn.finish_sending(self)
+
     async def close(self) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed or self._aborted is not None:
@@ -79,7 +86,10 @@ class QuicCallStream:
         self._closed = True
         unread = bool(self._recv)
         self._recv.clear()
-        self._conn.finish_stream(self, stop_peer=unread)
+        if not self._sent_eof:
+            self._sent_eof = True
+            self._conn.finish_sending(self)
+        self._conn.done_reading(self, stop_peer=unread)
 
     def abort(self) -> None:
         if self._aborted is None:
@@ -90,7 +100,7 @@ class QuicCallStream:
 
     def cancel_on_abort(self, scope: trio.CancelScope | None) -> None:
         self._watch = scope
-        if scope is not None and (self._eof or self._aborted is not None):
+        if scope is not None and (self._aborted is not None or self._send_stopped):
             scope.cancel()
 
     # --- driven by PeerConnection ------------------------------------------
@@ -100,8 +110,8 @@ class QuicCallStream:
             raise StreamAborted(self._aborted)
         if self._send_stopped:
             raise StreamAborted("peer asked us to stop sending")
-        if self._closed:
-            raise StreamAborted("stream already closed")
+        if self._sent_eof:
+            raise StreamAborted("stream already ended its sending side")
 
     def data_received(self, data: bytes, end: bool) -> int:
         """Buffer data from the peer; returns how many bytes were discarded."""
@@ -112,8 +122,6 @@ class QuicCallStream:
             self._recv += data
         if end:
             self._eof = True
-            if self._watch is not None:
-                self._watch.cancel()
         self._readers.unpark_all()
         return discarded
 
