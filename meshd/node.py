@@ -202,9 +202,6 @@ class Node:
         while peer not in self._conns:
             await self._connected_events.setdefault(peer, trio.Event()).wait()
 
-    def connected_peers(self) -> list[PeerId]:
-        return list(self._conns)
-
     def peers(self) -> list[dict]:
         """One dict per connected peer: id, address, path, direction, RTT, open streams."""
         now = trio.current_time()

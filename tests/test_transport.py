@@ -201,3 +201,24 @@ async def test_caller_giving_up_cancels_the_remote_handler(pair):
     with trio.fail_after(5):
         await cancelled.wait()  # STOP_SENDING / RESET_STREAM reached the server
     assert await unary_call(lambda: _ready(conn.open_stream()), "echo", 1, 5, MAX) == 1
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1", "::1"])
+async def test_one_dual_stack_socket_takes_ipv4_and_ipv6(nursery, target):
+    a = Side(nursery)
+    a.addr = await nursery.start(a.endpoint.serve, "::", 0)
+    b = Side(nursery)
+    await nursery.start(b.endpoint.serve, "::", 0)
+
+    async def echo(arg, ctx):
+        return arg
+
+    a.server.register("echo", echo)
+    conn = await b.endpoint.dial(target, a.addr[1], a.identity.peer_id)
+    assert await unary_call(lambda: _ready(conn.open_stream()), "echo", target, 5, MAX) == target
+
+
+async def test_an_ipv4_socket_refuses_ipv6_targets_clearly(pair):
+    a, b = pair
+    with pytest.raises(DialError, match="IPv6 but this node listens on IPv4 only"):
+        await b.endpoint.dial("::1", a.addr[1], a.identity.peer_id)

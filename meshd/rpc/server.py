@@ -96,9 +96,6 @@ class RpcServer:
     def methods(self) -> list[str]:
         return sorted(self._methods)
 
-    def active_calls(self, peer: Hashable) -> int:
-        return self._active[peer]
-
     async def serve_call(self, stream: CallStream, peer: Any, info: dict | None = None) -> None:
         """Run the call that arrives on ``stream`` to completion.
 
