@@ -51,28 +51,46 @@ def unpack(data: bytes, max_size: int = DEFAULT_MAX_FRAME) -> object:
         raise FrameError(f"malformed msgpack: {exc}") from None
 
 
-def encode_frame(obj: object, max_size: int = DEFAULT_MAX_FRAME) -> bytes:
-    """One frame holding ``obj``; FrameTooLarge if it would exceed ``max_size``."""
+def frame_parts(obj: object, max_size: int = DEFAULT_MAX_FRAME) -> tuple[bytes, bytes]:
+    """The 4-byte header and the body of a frame holding ``obj``.
+
+    Raises FrameTooLarge if the body would exceed ``max_size``.  Kept apart so
+    a large body can be sent without copying it behind its header.
+    """
     body = pack(obj)
     if len(body) > max_size:
         raise FrameTooLarge(f"frame of {len(body)} bytes exceeds the {max_size}-byte limit")
-    return _HEADER.pack(len(body)) + body
+    return _HEADER.pack(len(body)), body
+
+
+def encode_frame(obj: object, max_size: int = DEFAULT_MAX_FRAME) -> bytes:
+    """One frame holding ``obj``; FrameTooLarge if it would exceed ``max_size``."""
+    header, body = frame_parts(obj, max_size)
+    return header + body
 
 
 class FrameDecoder:
-    """Incremental decoder: feed bytes in, take whole decoded frames out."""
+    """Incremental decoder: feed bytes in, take whole decoded frames out.
+
+    Consumed bytes are dropped lazily (a read offset), so decoding a run of
+    frames does not move the rest of the buffer after each one.
+    """
 
     def __init__(self, max_size: int = DEFAULT_MAX_FRAME):
         self.max_size = max_size
         self._buf = bytearray()
+        self._pos = 0
 
     def feed(self, data: bytes) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
         self._buf += data
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a frame."""
-        return len(self._buf)
+        return len(self._buf) - self._pos
 
     def next_frame(self) -> tuple[bool, object]:
         """``(True, value)`` for the next whole frame, ``(False, None)`` if incomplete.
@@ -80,17 +98,22 @@ class FrameDecoder:
         Raises FrameTooLarge as soon as a header declares more than the limit,
         and FrameError for a body that is not valid msgpack.
         """
-        buf = self._buf
-        if len(buf) < 4:
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 4:
             return False, None
-        (length,) = _HEADER.unpack_from(buf)
+        (length,) = _HEADER.unpack_from(buf, pos)
         if length > self.max_size:
             raise FrameTooLarge(
                 f"peer announced a {length}-byte frame; the limit is {self.max_size}"
             )
-        end = 4 + length
+        end = pos + 4 + length
         if len(buf) < end:
             return False, None
-        body = bytes(buf[4:end])
-        del buf[:end]
-        return True, unpack(body, self.max_size)
+        with memoryview(buf) as view, view[pos + 4 : end] as body:
+            value = unpack(body, self.max_size)
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        else:
+            self._pos = end
+        return True, value

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from ..streams import CallStream
-from ..wire import FrameDecoder, FrameError, encode_frame
+from ..wire import FrameDecoder, FrameError, frame_parts
+
+
+_SEPARATE_BODY = 64 << 10
 
 
 class Framed:
@@ -36,4 +39,9 @@ class Framed:
 
     async def write(self, value: object) -> None:
         """Send one frame; FrameTooLarge (nothing sent) if it exceeds the limit."""
-        await self.stream.send_all(encode_frame(value, self.max_frame))
+        header, body = frame_parts(value, self.max_frame)
+        if len(body) < _SEPARATE_BODY:
+            await self.stream.send_all(header + body)
+        else:  # a large body is not worth copying once more behind its header
+            await self.stream.send_all(header)
+            await self.stream.send_all(body)
