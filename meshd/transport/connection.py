@@ -158,8 +158,6 @@ class PeerConnection:
         while True:
             if not self._tx_pending:
                 await self._tx_lot.park()
-            # Let the tasks woken with us (handlers, readers) run first, so their
-            # replies leave in the same packet as the ACK for what woke them.
             self._tx_pending = False
             self.transmit()
 

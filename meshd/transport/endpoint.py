@@ -148,6 +148,9 @@ class Endpoint:
                 conn = self._datagram_received(data, addr, now)
                 if conn is not None:
                     dirty[conn] = None
+            # ACK what arrived at once.  Deferring it so replies could share the
+            # packet saved datagrams but cost ~0.2 ms per call between two
+            # processes: the peer sleeps deeper and wakes later for the reply.
             for conn in dirty:
                 conn.transmit()
 
