@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .node import Node
 
 _DEFAULT = object()
+_MAX_OPENERS = 4096
 
 
 class PeerRpc:
@@ -21,6 +22,7 @@ class PeerRpc:
     def __init__(self, node: "Node", config: RpcConfig):
         self._node = node
         self._config = config
+        self._openers: dict[PeerId, Callable] = {}
         self.server = RpcServer(
             max_frame=config.max_frame, max_calls_per_peer=config.max_calls_per_peer
         )
@@ -33,16 +35,25 @@ class PeerRpc:
         self.server.unregister(name)
 
     def _opener(self, peer: PeerId | str):
+        """An async callable that opens a stream to ``peer`` (one per peer, reused)."""
         peer = _peer(peer)
+        opener = self._openers.get(peer)
+        if opener is None:
+            node = self._node
 
-        async def open_stream():
-            conn = await self._node.connection(peer)
-            try:
-                return conn.open_stream()
-            except StreamAborted:  # closed between lookup and use: dial again once
-                return (await self._node.connection(peer)).open_stream()
+            async def opener():
+                conn = node._conns.get(peer)
+                if conn is None or conn.close_reason is not None:
+                    conn = await node.connection(peer)
+                try:
+                    return conn.open_stream()
+                except StreamAborted:  # closed between lookup and use: dial again once
+                    return (await node.connection(peer)).open_stream()
 
-        return open_stream
+            if len(self._openers) >= _MAX_OPENERS:
+                self._openers.clear()
+            self._openers[peer] = opener
+        return opener
 
     def _timeout(self, timeout: object) -> float | None:
         return self._config.default_timeout if timeout is _DEFAULT else timeout

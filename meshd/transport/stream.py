@@ -26,7 +26,7 @@ class QuicCallStream:
 
     __slots__ = (
         "_conn", "stream_id", "_recv", "_eof", "_aborted", "_send_stopped",
-        "_sent_eof", "_closed", "_readers", "_writers", "_watch",
+        "_sent_eof", "_closed", "_waiters", "_watch",
     )
 
     def __init__(self, conn: "PeerConnection", stream_id: int):
@@ -38,8 +38,7 @@ class QuicCallStream:
         self._send_stopped = False
         self._sent_eof = False
         self._closed = False
-        self._readers = trio.lowlevel.ParkingLot()
-        self._writers = trio.lowlevel.ParkingLot()
+        self._waiters = trio.lowlevel.ParkingLot()  # the reader and the writer wait here
         self._watch: trio.CancelScope | None = None
 
     # --- the CallStream interface -------------------------------------------
@@ -47,7 +46,7 @@ class QuicCallStream:
     async def receive_some(self) -> bytes:
         await trio.lowlevel.checkpoint_if_cancelled()
         while not self._recv and not self._eof and self._aborted is None:
-            await self._readers.park()
+            await self._waiters.park()
         if self._aborted is not None:
             raise StreamAborted(self._aborted)
         if not self._recv:
@@ -72,7 +71,7 @@ class QuicCallStream:
                 if not view:
                     return
             conn.wait_for_acks(self)
-            await self._writers.park()
+            await self._waiters.park()
 
     async def send_eof(self) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -123,7 +122,7 @@ class QuicCallStream:
             self._recv.append(data)
         if end:
             self._eof = True
-        self._readers.unpark_all()
+        self._waiters.unpark_all()
         return discarded
 
     def peer_aborted(self, reason: str) -> None:
@@ -138,14 +137,13 @@ class QuicCallStream:
         self._send_stopped = True
         if self._watch is not None and not self._closed:
             self._watch.cancel()
-        self._writers.unpark_all()
+        self._wake()
 
     def writable_again(self) -> None:
-        self._writers.unpark_all()
+        self._wake()
 
     def _wake(self) -> None:
-        self._readers.unpark_all()
-        self._writers.unpark_all()
+        self._waiters.unpark_all()
 
     @property
     def finished(self) -> bool:
