@@ -35,7 +35,7 @@ CLOSE_NORMAL = 0
 CLOSE_AUTH_FAILED = 0x101
 CLOSE_REFUSED = 0x102
 CLOSE_REPLACED = 0x103
-_FLUSH_EVERY = 64  # writes (about 32 calls) between forced flushes: see docs/performance.md
+_MIN_FLUSH_BATCH = 32  # writes; smaller bursts go out in one flush per scheduling round
 
 
 class MeshQuicConnection(QuicConnection):
@@ -123,6 +123,7 @@ class PeerConnection:
         self._ping_ids = itertools.count()
         self._tx_pending = False
         self._tx_writes = 0
+        self._tx_streams = 0  # most streams open at once since the last flush
         self._tx_lot = trio.lowlevel.ParkingLot()
         self._timer_at = math.inf
         self._timer_scope: trio.CancelScope | None = None
@@ -197,6 +198,7 @@ class PeerConnection:
         quic = self.quic
         send = self.endpoint.send_datagram
         self._tx_writes = 0
+        self._tx_streams = len(self._streams)
         for data, addr in quic.datagrams_to_send(now=trio.current_time()):
             send(data, addr)
         timer = quic.get_timer()
@@ -207,13 +209,16 @@ class PeerConnection:
                 self._timer_scope.deadline = timer
 
     def schedule_transmit(self) -> None:
-        """Flush soon, once for many writes; every ``_FLUSH_EVERY`` writes, at once.
+        """Flush soon, once for many writes; in a large burst, part of it at once.
 
-        Flushing part of a big burst early lets the peer start on it while we
-        produce the rest, instead of both sides taking turns.
+        When as many writes are queued as the most streams open at once since
+        the last flush (about half the calls of a burst, at two writes a
+        call), flushing them now lets the peer start on them while we produce
+        the rest, instead of both sides taking turns.  Measured in
+        docs/performance.md.
         """
         self._tx_writes += 1
-        if self._tx_writes >= _FLUSH_EVERY:
+        if self._tx_writes >= max(_MIN_FLUSH_BATCH, self._tx_streams):
             self.transmit()
         elif not self._tx_pending:
             self._tx_pending = True
@@ -261,7 +266,7 @@ class PeerConnection:
             return None  # not a new peer-initiated bidirectional stream
         self._last_peer_stream = stream_id
         stream = QuicCallStream(self, stream_id)
-        self._streams[stream_id] = stream
+        self._add_stream(stream)
         self.on_stream(self, stream)
         return stream
 
@@ -301,8 +306,12 @@ class PeerConnection:
         if self.close_reason is not None or self.peer_id is None:
             raise StreamAborted(f"connection is not open: {self.close_reason or 'handshaking'}")
         stream = QuicCallStream(self, self.quic.get_next_available_stream_id())
-        self._streams[stream.stream_id] = stream
+        self._add_stream(stream)
         return stream
+
+    def _add_stream(self, stream: QuicCallStream) -> None:
+        self._streams[stream.stream_id] = stream
+        self._tx_streams = max(self._tx_streams, len(self._streams))
 
     def send_buffered(self, stream_id: int) -> int:
         """Bytes written on the stream and not yet acknowledged by the peer."""
