@@ -18,20 +18,19 @@ class StreamAborted(Exception):
 
 
 class CallStream(Protocol):
-    async def send_all(self, data: bytes) -> None:
-        """Queue ``data``, waiting while the peer is not keeping up."""
+    async def send_all(self, data: bytes, eof: bool = False) -> None:
+        """Queue ``data``, waiting while the peer is not keeping up.
+
+        ``eof=True`` also ends our sending side after ``data``, in the same
+        operation; we may go on reading.  A transport that cannot tell an end
+        of sending from a disconnect (a Unix socket) keeps its side open and
+        ends it at ``close``.
+        """
 
     async def receive_some(self) -> bytes:
         """The next bytes received; ``b""`` once the peer has finished sending.
 
         Raises StreamAborted if the peer reset the stream or the connection died.
-        """
-
-    async def send_eof(self) -> None:
-        """End our sending side after everything queued; we may go on reading.
-
-        A transport that cannot tell an end of sending from a disconnect (a
-        Unix socket) keeps its side open here and ends it at ``close``.
         """
 
     async def close(self) -> None:
@@ -46,7 +45,7 @@ class CallStream(Protocol):
 
     def cancel_on_abort(self, scope: trio.CancelScope | None) -> None:
         """Cancel ``scope`` if the peer abandons the stream (reset, stop-sending,
-        or, where ``send_eof`` is a no-op, an end of stream).
+        or, where ``eof`` is ignored, an end of stream).
 
         ``None`` stops watching.  Used by the server while a handler runs.
         """
@@ -64,7 +63,8 @@ class SocketCallStream:
         self._nursery = nursery
         self._watch: trio.CancelScope | None = None
 
-    async def send_all(self, data: bytes) -> None:
+    async def send_all(self, data: bytes, eof: bool = False) -> None:
+        # eof is ignored: on this socket an end of stream means the caller is gone
         try:
             await self._sock.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -75,9 +75,6 @@ class SocketCallStream:
             return await self._sock.receive_some(1 << 16)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise StreamAborted(str(exc)) from None
-
-    async def send_eof(self) -> None:
-        await trio.lowlevel.checkpoint()  # see CallStream.send_eof: EOF here means "gone"
 
     async def close(self) -> None:
         self.abort()

@@ -19,12 +19,15 @@ class MemoryCallStream:
         self._lot = trio.lowlevel.ParkingLot()
         self._watch: trio.CancelScope | None = None
 
-    async def send_all(self, data: bytes) -> None:
+    async def send_all(self, data: bytes, eof: bool = False) -> None:
         await trio.lowlevel.checkpoint()
         if self._aborted or self.peer._aborted or self._closed:
             raise StreamAborted("stream is gone")
         self.peer._buf += data
         self.peer._lot.unpark_all()
+        if eof:
+            self._closed = True
+            self.peer._end()
 
     async def receive_some(self) -> bytes:
         await trio.lowlevel.checkpoint()
@@ -36,14 +39,11 @@ class MemoryCallStream:
         self._buf.clear()
         return data
 
-    async def send_eof(self) -> None:
+    async def close(self) -> None:
         await trio.lowlevel.checkpoint()
         if not self._closed:
             self._closed = True
             self.peer._end()
-
-    async def close(self) -> None:
-        await self.send_eof()
 
     def abort(self) -> None:
         self._aborted = True

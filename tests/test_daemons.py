@@ -410,7 +410,7 @@ async def test_malformed_rpc_frames_get_error_frames(daemons, tmp_path):
                 await stream.send_all(payload)
                 if finish:
                     # FIN our side but keep reading (stream.close() would stop reading).
-                    await stream.send_eof()
+                    await stream.send_all(b"", eof=True)
                 with trio.fail_after(10):
                     ok, frame = await Framed(stream, 16 << 20).read()
                 if not finish:

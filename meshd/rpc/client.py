@@ -71,8 +71,9 @@ async def unary_call(
         stream = await open_stream()
         try:
             framed = Framed(stream, max_frame)
-            await framed.write(P.request_frame(method, _wire_timeout(deadline), P.UNARY, arg))
-            await stream.send_eof()
+            await framed.write(
+                P.request_frame(method, _wire_timeout(deadline), P.UNARY, arg), eof=True
+            )
             result = await _read_reply(framed)
         except (StreamAborted, FrameError) as exc:
             stream.abort()
@@ -112,8 +113,7 @@ async def client_stream_call(
                 else:
                     for item in items:
                         await framed.write([P.ITEM, item])
-                await framed.write(P.END_FRAME)
-                await stream.send_eof()
+                await framed.write(P.END_FRAME, eof=True)
             except StreamAborted:
                 pass  # the server stopped reading: its reply says why
             result = await _read_reply(framed)
@@ -175,9 +175,9 @@ class ResponseStream:
                 self._framed = Framed(stream, self._max_frame)
                 wire_timeout = _wire_timeout(self._deadline)
                 await self._framed.write(
-                    P.request_frame(self._method, wire_timeout, P.SERVER_STREAM, self._arg)
+                    P.request_frame(self._method, wire_timeout, P.SERVER_STREAM, self._arg),
+                    eof=True,
                 )
-                await stream.send_eof()
             ok, frame = await self._framed.read()
         except (StreamAborted, FrameError) as exc:
             raise _translate(exc) from None

@@ -37,11 +37,14 @@ class Framed:
                 return False, None
             decoder.feed(data)
 
-    async def write(self, value: object) -> None:
-        """Send one frame; FrameTooLarge (nothing sent) if it exceeds the limit."""
+    async def write(self, value: object, *, eof: bool = False) -> None:
+        """Send one frame (and with ``eof``, end our side after it).
+
+        Raises FrameTooLarge, having sent nothing, if it exceeds the limit.
+        """
         header, body = frame_parts(value, self.max_frame)
         if len(body) < _SEPARATE_BODY:
-            await self.stream.send_all(header + body)
+            await self.stream.send_all(header + body, eof)
         else:  # a large body is not worth copying once more behind its header
             await self.stream.send_all(header)
-            await self.stream.send_all(body)
+            await self.stream.send_all(body, eof)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Hashable
 
@@ -73,7 +72,7 @@ class RpcServer:
         self.first_frame_timeout = first_frame_timeout
         self.max_call_timeout = max_call_timeout
         self._methods: dict[str, _Method] = {}
-        self._active: Counter[Hashable] = Counter()
+        self._active: dict[Hashable, int] = {}  # calls running, per peer
 
     def register(self, name: str, handler: Callable, *, kind: str | None = None) -> None:
         """Serve ``name`` with ``handler``; the kind is inferred unless given.
@@ -117,7 +116,7 @@ class RpcServer:
 
     async def _send_error(self, framed: Framed, exc: RpcError) -> None:
         try:
-            await framed.write([P.ERROR, exc.code, exc.message])
+            await framed.write([P.ERROR, exc.code, exc.message], eof=True)
             await framed.stream.close()
         except (StreamAborted, FrameError):
             framed.stream.abort()
@@ -140,7 +139,8 @@ class RpcServer:
                     f"{request.method!r} is {P.KIND_NAMES[method.kind]}, "
                     f"called as {P.KIND_NAMES[request.kind]}"
                 )
-            if self._active[peer] >= self.max_calls_per_peer:
+            running = self._active.get(peer, 0)
+            if running >= self.max_calls_per_peer:
                 raise ResourceExhausted(
                     f"more than {self.max_calls_per_peer} concurrent calls from this peer"
                 )
@@ -149,12 +149,14 @@ class RpcServer:
                 timeout = min(timeout, request.timeout)
             ctx = CallContext(peer, request.method, trio.current_time() + timeout, info)
             scope.deadline = ctx.deadline
-            self._active[peer] += 1
+            self._active[peer] = running + 1
             try:
                 await self._run(framed, method, request, ctx, scope)
             finally:
-                self._active[peer] -= 1
-                if not self._active[peer]:
+                left = self._active[peer] - 1
+                if left:
+                    self._active[peer] = left
+                else:
                     del self._active[peer]
         if scope.cancelled_caught:
             if ctx is None:
@@ -171,11 +173,11 @@ class RpcServer:
             if method.kind == P.CLIENT_STREAM:
                 result = await method.handler(_incoming_items(framed, scope), ctx)
                 stream.cancel_on_abort(scope)
-                await framed.write([P.REPLY, result])
+                await framed.write([P.REPLY, result], eof=True)
             else:
                 stream.cancel_on_abort(scope)
                 if method.kind == P.UNARY:
-                    await framed.write([P.REPLY, await method.handler(request.arg, ctx)])
+                    await framed.write([P.REPLY, await method.handler(request.arg, ctx)], eof=True)
                 else:
                     await self._stream_items(framed, method.handler(request.arg, ctx))
             stream.cancel_on_abort(None)
@@ -196,7 +198,7 @@ class RpcServer:
             aclose = getattr(items, "aclose", None)
             if aclose is not None:
                 await aclose()
-        await framed.write(P.END_FRAME)
+        await framed.write(P.END_FRAME, eof=True)
 
 
 async def _incoming_items(framed: Framed, aborted: trio.CancelScope) -> AsyncIterator:

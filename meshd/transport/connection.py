@@ -35,7 +35,7 @@ CLOSE_NORMAL = 0
 CLOSE_AUTH_FAILED = 0x101
 CLOSE_REFUSED = 0x102
 CLOSE_REPLACED = 0x103
-_MIN_FLUSH_BATCH = 32  # writes; smaller bursts go out in one flush per scheduling round
+_MIN_FLUSH_BATCH = 16  # writes; smaller bursts go out in one flush per scheduling round
 
 
 class MeshQuicConnection(QuicConnection):
@@ -211,14 +211,14 @@ class PeerConnection:
     def schedule_transmit(self) -> None:
         """Flush soon, once for many writes; in a large burst, part of it at once.
 
-        When as many writes are queued as the most streams open at once since
-        the last flush (about half the calls of a burst, at two writes a
-        call), flushing them now lets the peer start on them while we produce
-        the rest, instead of both sides taking turns.  Measured in
+        Once half as many writes are queued as the most streams open at once
+        since the last flush (about half the calls of a burst: a call is one
+        write each way), flushing them now lets the peer start on them while
+        we produce the rest, instead of both sides taking turns.  Measured in
         docs/performance.md.
         """
         self._tx_writes += 1
-        if self._tx_writes >= max(_MIN_FLUSH_BATCH, self._tx_streams):
+        if self._tx_writes >= max(_MIN_FLUSH_BATCH, self._tx_streams // 2):
             self.transmit()
         elif not self._tx_pending:
             self._tx_pending = True
@@ -348,9 +348,6 @@ class PeerConnection:
             if target - qs.max_stream_data_local >= self._stream_window // 4:
                 qs.max_stream_data_local = target
                 self.schedule_transmit()
-
-    def finish_sending(self, stream: QuicCallStream) -> None:
-        self.send_data(stream.stream_id, b"", True)
 
     def done_reading(self, stream: QuicCallStream, *, stop_peer: bool) -> None:
         if stop_peer:

@@ -57,7 +57,7 @@ class QuicCallStream:
         self._conn.consumed(self, len(data))
         return data
 
-    async def send_all(self, data: bytes) -> None:
+    async def send_all(self, data: bytes, eof: bool = False) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
         conn = self._conn
         view = memoryview(data)
@@ -66,18 +66,14 @@ class QuicCallStream:
             room = SEND_HIGH_WATER - conn.send_buffered(self.stream_id)
             if room > 0:
                 chunk = view[:room]  # aioquic copies it into its send buffer
-                conn.send_data(self.stream_id, chunk, False)
                 view = view[len(chunk):]
-                if not view:
+                last = not view
+                conn.send_data(self.stream_id, chunk, eof and last)
+                if last:
+                    self._sent_eof = eof
                     return
             conn.wait_for_acks(self)
             await self._waiters.park()
-
-    async def send_eof(self) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        self._check_sendable()
-        self._sent_eof = True
-        self._conn.finish_sending(self)
 
     async def close(self) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -88,7 +84,7 @@ class QuicCallStream:
         self._recv.clear()
         if not self._sent_eof:
             self._sent_eof = True
-            self._conn.finish_sending(self)
+            self._conn.send_data(self.stream_id, b"", True)
         self._conn.done_reading(self, stop_peer=unread)
 
     def abort(self) -> None:
