@@ -320,7 +320,10 @@ class PeerConnection:
 
     def send_data(self, stream_id: int, data: bytes, end: bool) -> None:
         self.quic.send_stream_data(stream_id, data, end)
-        self.schedule_transmit()
+        if end and len(self._streams) <= 1 and not self._tx_pending:
+            self.transmit()  # a lone call has nothing to share a packet with: skip the flush hop
+        else:
+            self.schedule_transmit()
 
     def wait_for_acks(self, stream: QuicCallStream) -> None:
         self._blocked.add(stream)
