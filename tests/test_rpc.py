@@ -18,6 +18,7 @@ from meshd.rpc import (
     unary_call,
 )
 from meshd.rpc.framed import Framed
+from blocking import BlockingHandler
 from memstream import memory_call_stream_pair
 
 MAX = 1 << 20
@@ -134,58 +135,35 @@ async def test_deadline_travels_with_the_request(rpc):
 
 
 async def test_server_enforces_the_deadline_it_was_sent(rpc):
-    cancelled = trio.Event()
-
-    async def stuck(arg, ctx):
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled.set()
-
+    stuck = BlockingHandler()
     rpc.server.register("stuck", stuck)
     client = await rpc.open()
     framed = Framed(client, MAX)
     await framed.write([0, "stuck", 50, 0, None])  # 50 ms deadline, raw
     with trio.fail_after(5):
         ok, frame = await framed.read()
-        await cancelled.wait()
+        await stuck.cancelled.wait()
     assert ok and frame[:2] == [4, "DEADLINE_EXCEEDED"]
 
 
 async def test_client_timeout_cancels_the_handler(rpc):
-    started, cancelled = trio.Event(), trio.Event()
-
-    async def stuck(arg, ctx):
-        started.set()
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled.set()
-
+    stuck = BlockingHandler()
     rpc.server.register("stuck", stuck)
     with pytest.raises(DeadlineExceeded):
         await rpc.call("stuck", timeout=0.1)
     with trio.fail_after(5):
-        await cancelled.wait()
+        await stuck.cancelled.wait()
 
 
 async def test_caller_cancellation_propagates_to_the_server(rpc):
-    started, cancelled = trio.Event(), trio.Event()
-
-    async def stuck(arg, ctx):
-        started.set()
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled.set()
-
+    stuck = BlockingHandler()
     rpc.server.register("stuck", stuck)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(rpc.call, "stuck", None, None)
-        await started.wait()
+        await stuck.started.wait()
         nursery.cancel_scope.cancel()
     with trio.fail_after(5):
-        await cancelled.wait()
+        await stuck.cancelled.wait()
 
 
 async def test_breaking_out_of_a_stream_stops_the_generator(rpc):

@@ -12,6 +12,8 @@ from meshd.streams import StreamAborted
 from meshd.transport import DialError, Endpoint, TransportConfig
 from meshd.transport.stream import SEND_HIGH_WATER
 
+from blocking import BlockingHandler
+
 MAX = 16 << 20
 
 
@@ -154,12 +156,7 @@ async def test_garbage_and_stun_datagrams_are_sorted_out(pair):
 
 async def test_close_fails_open_streams_and_tells_the_peer(pair):
     a, b = pair
-    started = trio.Event()
-
-    async def hang(arg, ctx):
-        started.set()
-        await trio.sleep_forever()
-
+    hang = BlockingHandler()
     a.server.register("hang", hang)
     conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
     stream = conn.open_stream()
@@ -171,7 +168,7 @@ async def test_close_fails_open_streams_and_tells_the_peer(pair):
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(call)
-        await started.wait()
+        await hang.started.wait()
         conn.close(reason="test over")
     with trio.fail_after(5):
         while not a.lost:
@@ -183,23 +180,15 @@ async def test_close_fails_open_streams_and_tells_the_peer(pair):
 
 async def test_caller_giving_up_cancels_the_remote_handler(pair):
     a, b = pair
-    started, cancelled = trio.Event(), trio.Event()
-
-    async def hang(arg, ctx):
-        started.set()
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled.set()
-
+    hang = BlockingHandler()
     a.server.register("hang", hang)
     conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
     async with trio.open_nursery() as nursery:  # no deadline: only the reset can stop it
         nursery.start_soon(unary_call, lambda: _ready(conn.open_stream()), "hang", None, None, MAX)
-        await started.wait()
+        await hang.started.wait()
         nursery.cancel_scope.cancel()
     with trio.fail_after(5):
-        await cancelled.wait()  # STOP_SENDING / RESET_STREAM reached the server
+        await hang.cancelled.wait()  # STOP_SENDING / RESET_STREAM reached the server
     assert await unary_call(lambda: _ready(conn.open_stream()), "echo", 1, 5, MAX) == 1
 
 
