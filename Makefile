@@ -4,12 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean coturn
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
 
-test: $(STAMP)
+test: $(STAMP) coturn
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)
@@ -20,6 +20,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[torch,test]'
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# coturn is the STUN server the interop test runs against (Debian package; needs root).
+coturn:
+	@command -v turnserver >/dev/null 2>&1 || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq coturn >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq coturn >/dev/null 2>&1; } || \
+	  echo "could not install coturn: its interop test will be skipped"; }
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -79,6 +79,24 @@ async def cmd_disconnect(client: meshd.Client, args) -> object:
     return result, lambda: console.print(f"{text} {args.peer}", highlight=False)
 
 
+async def cmd_nat(client: meshd.Client, args) -> object:
+    if args.stun:
+        await client.stun(args.stun)
+    result = await client.nat()
+
+    def show() -> None:
+        table = Table(show_header=False, box=None)
+        table.add_row("listen", result["listen"])
+        for server, mapped in result["reflexive"].items():
+            table.add_row(f"reflexive via {server}", mapped)
+        if not result["reflexive"]:
+            table.add_row("reflexive", "- (no STUN server asked yet: meshctl nat --stun HOST:PORT)")
+        table.add_row("STUN requests answered", str(result["stun_answered"]))
+        console.print(table)
+
+    return result, show
+
+
 async def cmd_call(client: meshd.Client, args) -> object:
     try:
         arg = json.loads(args.arg) if args.arg is not None else None
@@ -113,6 +131,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--count", type=int, default=3)
     add("connect", cmd_connect, "dial PEERID@HOST:PORT").add_argument("addr")
     add("disconnect", cmd_disconnect, "close the connection to a peer").add_argument("peer")
+    p = add("nat", cmd_nat, "reflexive addresses (STUN) and NAT facts")
+    p.add_argument("--stun", metavar="HOST:PORT", help="ask this STUN server (any meshd port works) first")
     p = add("call", cmd_call, "unary RPC to a peer: METHOD with a JSON argument")
     p.add_argument("peer")
     p.add_argument("method")

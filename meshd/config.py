@@ -43,11 +43,17 @@ class PeersConfig:
 
 
 @dataclass
+class NatConfig:
+    stun_servers: list[str] = field(default_factory=list)  # HOST:PORT, asked at start
+
+
+@dataclass
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     rpc: RpcConfig = field(default_factory=RpcConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
+    nat: NatConfig = field(default_factory=NatConfig)
 
     @classmethod
     def load(cls, data_dir: Path) -> "Config":

@@ -17,10 +17,13 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 import trio
 
-from .address import AddressError
+from nat.stun_client import StunFailure
+
+from .address import AddressError, HostPort
 from .identity import PeerId, PeerIdError
 from .rpc import InvalidArgument, RpcServer, Unavailable, unary_call
 from .streams import SocketCallStream
+from .transport import DialError
 
 if TYPE_CHECKING:
     from .node import Node
@@ -80,6 +83,18 @@ def control_server(node: "Node") -> RpcServer:
     async def disconnect(arg, ctx):
         return {"disconnected": node.disconnect(_peer_field(arg))}
 
+    async def nat(arg, ctx):
+        return node.nat_status()
+
+    async def stun(arg, ctx):
+        try:
+            server = HostPort.parse(_field(arg, "server", str))
+            return {"server": str(server), "reflexive": await node.stun.query(server)}
+        except (AddressError, DialError) as exc:
+            raise InvalidArgument(str(exc)) from None
+        except StunFailure as exc:
+            raise Unavailable(str(exc)) from None
+
     async def call(arg, ctx):
         peer = _peer_field(arg)
         method = _field(arg, "method", str)
@@ -89,7 +104,8 @@ def control_server(node: "Node") -> RpcServer:
         return await node.rpc.call(peer, method, arg.get("arg"), timeout=timeout)
 
     for name, handler in (("id", id_), ("status", status), ("peers", peers), ("ping", ping),
-                          ("connect", connect), ("disconnect", disconnect), ("call", call)):
+                          ("connect", connect), ("disconnect", disconnect), ("call", call),
+                          ("nat", nat), ("stun", stun)):
         server.register(name, handler)
     return server
 
@@ -187,6 +203,14 @@ class Client:
 
     async def disconnect(self, peer: PeerId | str) -> bool:
         return (await self.request("disconnect", {"peer": str(peer)}))["disconnected"]
+
+    async def nat(self) -> dict:
+        """Reflexive addresses learned by STUN, and the configured STUN servers."""
+        return await self.request("nat")
+
+    async def stun(self, server: str) -> str:
+        """Ask the STUN server at HOST:PORT for our reflexive address now."""
+        return (await self.request("stun", {"server": server}))["reflexive"]
 
     async def call(self, peer: PeerId | str, method: str, arg: object = None,
                    timeout: float = 30.0) -> object:

@@ -29,6 +29,7 @@ from .control import serve_control
 from .identity import PeerId, load_or_create_identity
 from .peerrpc import PeerRpc
 from .peerstore import PeerStore
+from .stun import NodeStun
 from .transport import DialError, Endpoint, PeerConnection
 from .transport.connection import CLOSE_REPLACED
 from .rpc import InvalidArgument, RpcError, Unavailable
@@ -54,6 +55,7 @@ class Node:
             on_connection=self._on_connection,
             on_connection_lost=self._on_connection_lost,
         )
+        self.stun = NodeStun(self.endpoint)
         self.rpc = PeerRpc(self, config.rpc)
         self.started_at = trio.current_time()
         self._conns: dict[PeerId, PeerConnection] = {}
@@ -240,6 +242,15 @@ class Node:
             "protocol": "meshd/1",
         }
 
+    def nat_status(self) -> dict:
+        """What the node knows of its NAT situation so far."""
+        return {
+            "listen": str(self.listen_address),
+            "reflexive": dict(self.stun.reflexive),
+            "stun_servers": list(self.config.nat.stun_servers),
+            "stun_answered": self.endpoint.stats["stun_answered"],
+        }
+
     def status(self) -> dict:
         return {
             "peer_id": str(self.peer_id),
@@ -280,6 +291,9 @@ class Node:
             host_port = HostPort.parse(self.config.node.listen, allow_zero_port=True)
             await nursery.start(self.endpoint.serve, host_port.host, host_port.port)
             await nursery.start(serve_control, self)
+            stun_servers = [HostPort.parse(text) for text in self.config.nat.stun_servers]
+            if stun_servers:
+                nursery.start_soon(self.stun.query_all, stun_servers)
             for text in self.config.node.bootstrap:
                 addr = PeerAddr.parse(text)
                 if addr.peer_id == self.peer_id:
@@ -357,6 +371,8 @@ async def open_node(
         config.node.bootstrap = list(bootstrap)
     for text in config.node.bootstrap:
         PeerAddr.parse(text)  # fail now, with the reason, not in a background task
+    for text in config.nat.stun_servers:
+        HostPort.parse(text)
     node = Node(data_dir, config)
     try:
         async with trio.open_nursery() as nursery:

@@ -4,10 +4,11 @@ A library on its own: it never imports meshd, cli, crdt or dht.  meshd's UDP
 endpoint already hands STUN datagrams (first byte 0-3, RFC 7983) to
 ``Endpoint.stun_hook``, where this layer plugs in.
 
-Built so far, both sans-IO: the STUN message codec (``nat.stun``, RFC 8489)
-and the client transaction retransmission state machine
-(``nat.transaction``).  NAT behaviour discovery, AutoNAT, relays, hole
-punching and port mapping are still to come.
+Built so far: the STUN message codec (``nat.stun``, RFC 8489), the client
+transaction retransmission state machine (``nat.transaction``) and the
+Binding answer (``nat.stun_server``), all sans-IO, and a trio Binding client
+for a shared socket (``nat.stun_client``).  NAT behaviour discovery, AutoNAT,
+relays, hole punching and port mapping are still to come.
 """
 
 from .stun import (

@@ -10,6 +10,7 @@ loopback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -121,8 +122,9 @@ def test_init_creates_private_key_and_full_config_and_is_idempotent(tmp_path):
 
     config_text = (data_dir / CONFIG_FILE).read_text()
     raw = tomllib.loads(config_text)
-    assert set(raw) == {"node", "transport", "rpc", "peers"}
-    for section in ("node", "transport", "rpc", "peers"):
+    sections = {f.name for f in dataclasses.fields(Config)}
+    assert set(raw) == sections
+    for section in sections:
         assert f"[{section}]" in config_text
     defaults = Config()
     assert raw["transport"]["idle_timeout"] == defaults.transport.idle_timeout
@@ -384,7 +386,7 @@ def test_random_udp_garbage_does_not_hurt_the_daemon(daemons):
     assert status["peer_id"] == a.peer_id
     assert status["connections"] == 1
     stats = status["transport"]
-    assert stats.get("stun_unhandled", 0) > 0, stats
+    assert stats.get("stun_ignored", 0) > 0, stats  # STUN-looking junk gets no answer
     assert stats.get("garbage", 0) + stats.get("unroutable", 0) > 0, stats
     assert "QUIC state machine failed" not in a.log_path.read_text()
 

@@ -258,7 +258,7 @@ class Endpoint:
         """
         if self._nursery is None:
             raise DialError("endpoint is not running")
-        addr = await self._resolve(host, port)
+        addr = await self.resolve(host, port)
         quic = self._new_quic(True, addr[0])
         conn = self._new_connection(quic, addr, dialed=True, expected_peer=expected_peer)
         quic.connect(addr, now=trio.current_time())
@@ -272,7 +272,12 @@ class Endpoint:
             raise DialError(f"{host}:{port}: {reason}")
         return conn
 
-    async def _resolve(self, host: str, port: int) -> tuple:
+    async def resolve(self, host: str, port: int) -> tuple:
+        """``host:port`` as a socket address this endpoint can send to.
+
+        Raises DialError when the name does not resolve or the family does
+        not fit the socket.
+        """
         family = self._sock.family
         try:
             infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
