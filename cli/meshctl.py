@@ -82,7 +82,7 @@ async def cmd_disconnect(client: meshd.Client, args) -> object:
 async def cmd_nat(client: meshd.Client, args) -> object:
     if args.stun:
         await client.stun(args.stun)
-    result = await client.nat()
+    result = await client.nat(discover=args.discover)
 
     def show() -> None:
         table = Table(show_header=False, box=None)
@@ -91,6 +91,9 @@ async def cmd_nat(client: meshd.Client, args) -> object:
             table.add_row(f"reflexive via {server}", mapped)
         if not result["reflexive"]:
             table.add_row("reflexive", "- (no STUN server asked yet: meshctl nat --stun HOST:PORT)")
+        table.add_row("mapping", result["mapping"] or "- (meshctl nat --discover)")
+        if result["port_preserved"] is not None:
+            table.add_row("port preserved", "yes" if result["port_preserved"] else "no")
         table.add_row("STUN requests answered", str(result["stun_answered"]))
         console.print(table)
 
@@ -133,6 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     add("disconnect", cmd_disconnect, "close the connection to a peer").add_argument("peer")
     p = add("nat", cmd_nat, "reflexive addresses (STUN) and NAT facts")
     p.add_argument("--stun", metavar="HOST:PORT", help="ask this STUN server (any meshd port works) first")
+    p.add_argument("--discover", action="store_true",
+                   help="ask the configured STUN servers and all connected peers, classify the mapping")
     p = add("call", cmd_call, "unary RPC to a peer: METHOD with a JSON argument")
     p.add_argument("peer")
     p.add_argument("method")

@@ -84,6 +84,8 @@ def control_server(node: "Node") -> RpcServer:
         return {"disconnected": node.disconnect(_peer_field(arg))}
 
     async def nat(arg, ctx):
+        if isinstance(arg, dict) and arg.get("discover"):
+            await node.stun.discover(node.stun_servers())
         return node.nat_status()
 
     async def stun(arg, ctx):
@@ -204,9 +206,13 @@ class Client:
     async def disconnect(self, peer: PeerId | str) -> bool:
         return (await self.request("disconnect", {"peer": str(peer)}))["disconnected"]
 
-    async def nat(self) -> dict:
-        """Reflexive addresses learned by STUN, and the configured STUN servers."""
-        return await self.request("nat")
+    async def nat(self, discover: bool = False) -> dict:
+        """Reflexive addresses and NAT mapping learned by STUN.
+
+        ``discover`` first asks the configured STUN servers and every
+        connected peer, and classifies the mapping from their answers.
+        """
+        return await self.request("nat", {"discover": discover})
 
     async def stun(self, server: str) -> str:
         """Ask the STUN server at HOST:PORT for our reflexive address now."""

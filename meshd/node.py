@@ -244,12 +244,22 @@ class Node:
 
     def nat_status(self) -> dict:
         """What the node knows of its NAT situation so far."""
+        report = self.stun.mapping
         return {
             "listen": str(self.listen_address),
             "reflexive": dict(self.stun.reflexive),
+            "mapping": report.mapping.value if report else None,
+            "port_preserved": report.port_preserved if report else None,
+            "public_addresses": [str(HostPort(*a)) for a in report.public_addresses] if report else [],
             "stun_servers": list(self.config.nat.stun_servers),
             "stun_answered": self.endpoint.stats["stun_answered"],
         }
+
+    def stun_servers(self) -> list[HostPort]:
+        """Configured STUN servers, then every connected peer (each meshd is one)."""
+        servers = [HostPort.parse(text) for text in self.config.nat.stun_servers]
+        servers += [HostPort.parse(_hostport(conn.remote_addr)) for conn in self._conns.values()]
+        return list(dict.fromkeys(servers))
 
     def status(self) -> dict:
         return {
@@ -293,7 +303,7 @@ class Node:
             await nursery.start(serve_control, self)
             stun_servers = [HostPort.parse(text) for text in self.config.nat.stun_servers]
             if stun_servers:
-                nursery.start_soon(self.stun.query_all, stun_servers)
+                nursery.start_soon(self.stun.discover, stun_servers)
             for text in self.config.node.bootstrap:
                 addr = PeerAddr.parse(text)
                 if addr.peer_id == self.peer_id:

@@ -9,9 +9,11 @@ so the reflexive address learned is the NAT mapping QUIC uses.
 from __future__ import annotations
 
 import logging
+import socket
 
 import trio
 
+from nat.behaviour import MappingReport, classify_mapping
 from nat.stun_client import StunClient, StunFailure
 from nat.stun_server import answer
 
@@ -34,6 +36,7 @@ class NodeStun:
         self._endpoint = endpoint
         self.client = StunClient(endpoint.send_datagram)
         self.reflexive: dict[str, str] = {}  # server HOST:PORT -> our HOST:PORT as it saw us
+        self.mapping: MappingReport | None = None
         endpoint.stun_hook = self._datagram_received
 
     def _datagram_received(self, data: bytes, source: tuple) -> None:
@@ -60,14 +63,39 @@ class NodeStun:
             return mapped
         raise StunFailure(f"no STUN answer from {server} within {timeout:g} s")
 
-    async def query_all(self, servers: list[HostPort]) -> None:
-        """Ask every server once, logging what each says (used at start)."""
+    async def discover(self, servers: list[HostPort], timeout: float = 10.0) -> MappingReport:
+        """Ask every server at once and classify the NAT's mapping from the answers.
+
+        Servers that fail are logged and left out; the report says how many
+        answered.  Any meshd's listen address is a STUN server.
+        """
+        observations: list[tuple[tuple[str, int], tuple[str, int]]] = []
+
         async def one(server: HostPort) -> None:
             try:
-                log.info("STUN %s sees us at %s", server, await self.query(server))
+                mapped = HostPort.parse(await self.query(server, timeout))
             except (StunFailure, DialError) as exc:
                 log.warning("STUN %s: %s", server, exc)
+                return
+            log.info("STUN %s sees us at %s", server, mapped)
+            observations.append(((server.host, server.port), (mapped.host, mapped.port)))
 
         async with trio.open_nursery() as nursery:
             for server in servers:
                 nursery.start_soon(one, server)
+        self.mapping = classify_mapping(self._local_address(servers), observations)
+        return self.mapping
+
+    def _local_address(self, servers: list[HostPort]) -> tuple[str, int]:
+        """Our socket's address; for a wildcard bind, the source IP the route to a server uses."""
+        host, port = self._endpoint.local_address
+        if host in ("0.0.0.0", "::") and servers:
+            probe = socket.socket(self._endpoint.family, socket.SOCK_DGRAM)
+            try:
+                probe.connect((servers[0].host, servers[0].port))  # picks a route; sends nothing
+                host = _plain(probe.getsockname())[0]
+            except OSError:
+                pass
+            finally:
+                probe.close()
+        return host, port

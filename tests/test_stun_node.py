@@ -147,3 +147,18 @@ async def test_our_client_against_coturn(coturn, nursery, tmp_path):
         with trio.fail_after(20):
             seen = await node.stun.query(HostPort(*coturn))
         assert seen == str(node.listen_address)
+
+
+async def test_discovery_classifies_the_mapping_from_connected_peers(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b, \
+            meshd.open_node(tmp_path / "c", listen="127.0.0.1:0") as c:
+        await c.connect(a.address)
+        await c.connect(b.address)
+        assert set(c.stun_servers()) == {a.listen_address, b.listen_address}
+        async with meshd.connect(tmp_path / "c") as control:
+            with trio.fail_after(20):
+                nat = await control.nat(discover=True)
+        assert nat["mapping"] == "no NAT"  # loopback: both peers saw our own address
+        assert nat["port_preserved"] is True
+        assert nat["public_addresses"] == [str(c.listen_address)]

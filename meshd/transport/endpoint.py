@@ -122,6 +122,10 @@ class Endpoint:
         host, port = self._sock.getsockname()[:2]
         return host, port
 
+    @property
+    def family(self) -> int:
+        return self._sock.family
+
     def send_datagram(self, data: bytes, addr: tuple) -> None:
         """Send one datagram now; a full socket buffer drops it (QUIC resends)."""
         try:
