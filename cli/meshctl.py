@@ -82,7 +82,7 @@ async def cmd_disconnect(client: meshd.Client, args) -> object:
 async def cmd_nat(client: meshd.Client, args) -> object:
     if args.stun:
         await client.stun(args.stun)
-    result = await client.nat(discover=args.discover)
+    result = await client.nat(discover=args.discover, autonat=args.autonat)
 
     def show() -> None:
         table = Table(show_header=False, box=None)
@@ -94,6 +94,10 @@ async def cmd_nat(client: meshd.Client, args) -> object:
         table.add_row("mapping", result["mapping"] or "- (meshctl nat --discover)")
         if result["port_preserved"] is not None:
             table.add_row("port preserved", "yes" if result["port_preserved"] else "no")
+        reach = result["reachability"]
+        if result["reachability_via"]:
+            reach += f" ({result['reachability_address']} dialed by {result['reachability_via'][:10]}...)"
+        table.add_row("reachability", reach)
         table.add_row("STUN requests answered", str(result["stun_answered"]))
         console.print(table)
 
@@ -138,6 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stun", metavar="HOST:PORT", help="ask this STUN server (any meshd port works) first")
     p.add_argument("--discover", action="store_true",
                    help="ask the configured STUN servers and all connected peers, classify the mapping")
+    p.add_argument("--autonat", action="store_true",
+                   help="have a peer arrange a dial-back from a third peer: are we reachable?")
     p = add("call", cmd_call, "unary RPC to a peer: METHOD with a JSON argument")
     p.add_argument("peer")
     p.add_argument("method")

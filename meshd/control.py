@@ -86,6 +86,8 @@ def control_server(node: "Node") -> RpcServer:
     async def nat(arg, ctx):
         if isinstance(arg, dict) and arg.get("discover"):
             await node.stun.discover(node.stun_servers())
+        if isinstance(arg, dict) and arg.get("autonat"):
+            await node.autonat.check()
         return node.nat_status()
 
     async def stun(arg, ctx):
@@ -206,13 +208,14 @@ class Client:
     async def disconnect(self, peer: PeerId | str) -> bool:
         return (await self.request("disconnect", {"peer": str(peer)}))["disconnected"]
 
-    async def nat(self, discover: bool = False) -> dict:
-        """Reflexive addresses and NAT mapping learned by STUN.
+    async def nat(self, discover: bool = False, autonat: bool = False) -> dict:
+        """Reflexive addresses, NAT mapping and reachability.
 
         ``discover`` first asks the configured STUN servers and every
-        connected peer, and classifies the mapping from their answers.
+        connected peer, and classifies the mapping from their answers;
+        ``autonat`` first asks peers to have a third peer dial us back.
         """
-        return await self.request("nat", {"discover": discover})
+        return await self.request("nat", {"discover": discover, "autonat": autonat})
 
     async def stun(self, server: str) -> str:
         """Ask the STUN server at HOST:PORT for our reflexive address now."""

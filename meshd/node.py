@@ -24,6 +24,7 @@ import trio
 
 from ._version import __version__
 from .address import AddressError, HostPort, PeerAddr
+from .autonat import AutoNat
 from .config import Config
 from .control import serve_control
 from .identity import PeerId, load_or_create_identity
@@ -64,6 +65,7 @@ class Node:
         self._nursery: trio.Nursery | None = None
         self.rpc.register("ping", _ping)
         self.rpc.register("identify", self._identify)
+        self.autonat = AutoNat(self)
 
     # --- addresses -------------------------------------------------------------
 
@@ -253,6 +255,9 @@ class Node:
             "public_addresses": [str(HostPort(*a)) for a in report.public_addresses] if report else [],
             "stun_servers": list(self.config.nat.stun_servers),
             "stun_answered": self.endpoint.stats["stun_answered"],
+            "reachability": self.autonat.status,
+            "reachability_address": self.autonat.address,
+            "reachability_via": self.autonat.via,
         }
 
     def stun_servers(self) -> list[HostPort]:

@@ -1,0 +1,123 @@
+"""AutoNAT: can strangers reach this node?  Asked of peers, answered by a third one.
+
+A node N asks a connected peer A (``autonat.request``).  A picks another of
+its peers, B, that has no connection to N, and asks it (``autonat.dial_back``)
+to open a fresh QUIC connection to the address A sees N at.  B has never sent
+to N, so N's NAT has no mapping or filter entry for B: the dial succeeds only
+if N is reachable by anyone.  A reports the outcome to N.
+
+Only the address A itself observed is dialed, never one N names, so the
+service cannot be used to aim traffic at third parties; each requester may
+ask once per ``REQUEST_INTERVAL``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import TYPE_CHECKING
+
+import trio
+
+from .address import AddressError, HostPort
+from .identity import PeerId, PeerIdError
+from .rpc import InvalidArgument, NotFound, ResourceExhausted, RpcError
+from .transport import DialError
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = logging.getLogger("meshd.autonat")
+
+REQUEST_INTERVAL = 10.0  # seconds between requests from one peer
+DIAL_TIMEOUT = 5.0
+_MAX_HELPERS = 3  # third peers tried per request
+
+
+class AutoNat:
+    """Serves both AutoNAT roles on a node and keeps its own verdict."""
+
+    def __init__(self, node: "Node"):
+        self._node = node
+        self._last_request: dict[PeerId, float] = {}
+        self.status = "unknown"  # "public", "private" or "unknown"
+        self.address: str | None = None  # the address that was dialed back
+        self.via: str | None = None  # the peer that dialed
+        node.rpc.register("autonat.request", self._serve_request)
+        node.rpc.register("autonat.dial_back", self._serve_dial_back)
+
+    # --- the asking node -------------------------------------------------------
+
+    async def check(self) -> str:
+        """Ask connected peers until one can arrange a dial-back; returns the status.
+
+        "public" if a third peer reached us, "private" if it could not,
+        "unknown" if no peer could find a third one.
+        """
+        peers = list(self._node._conns)
+        random.shuffle(peers)
+        for peer in peers:
+            try:
+                verdict = await self._node.rpc.call(peer, "autonat.request", None, timeout=DIAL_TIMEOUT * 3)
+            except RpcError as exc:
+                log.debug("autonat via %s: %s", peer, exc)
+                continue
+            if isinstance(verdict, dict) and isinstance(verdict.get("reachable"), bool):
+                self.status = "public" if verdict["reachable"] else "private"
+                self.address = str(verdict.get("address"))
+                self.via = str(verdict.get("via"))
+                log.info("AutoNAT: %s at %s (dialed by %s)", self.status, self.address, self.via)
+                return self.status
+        return self.status
+
+    # --- the asked node (A) ----------------------------------------------------
+
+    async def _serve_request(self, arg: object, ctx) -> dict:
+        requester: PeerId = ctx.peer
+        now = trio.current_time()
+        last = self._last_request.get(requester)
+        if last is not None and now - last < REQUEST_INTERVAL:
+            raise ResourceExhausted(f"one AutoNAT request per {REQUEST_INTERVAL:g} s")
+        self._last_request[requester] = now
+        observed = ctx.info.get("remote")
+        if observed is None:
+            raise InvalidArgument("no observed address for this caller")
+        host = observed[0][7:] if observed[0].startswith("::ffff:") else observed[0]
+        address = str(HostPort(host, observed[1]))
+        helpers = [p for p in self._node._conns if p != requester]
+        random.shuffle(helpers)
+        for helper in helpers[:_MAX_HELPERS]:
+            try:
+                result = await self._node.rpc.call(
+                    helper, "autonat.dial_back", {"peer": str(requester), "addr": address},
+                    timeout=DIAL_TIMEOUT * 2,
+                )
+            except RpcError as exc:
+                log.debug("autonat helper %s: %s", helper, exc)
+                continue
+            if isinstance(result, dict) and isinstance(result.get("reachable"), bool):
+                return {"reachable": result["reachable"], "address": address, "via": str(helper)}
+        raise NotFound("no third peer could dial back")
+
+    # --- the third node (B) ----------------------------------------------------
+
+    async def _serve_dial_back(self, arg: object, ctx) -> dict:
+        if not isinstance(arg, dict) or not isinstance(arg.get("peer"), str) or not isinstance(arg.get("addr"), str):
+            raise InvalidArgument('expected {"peer": PEERID, "addr": HOST:PORT}')
+        try:
+            target = PeerId.from_string(arg["peer"])
+        except PeerIdError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if target in self._node._conns:
+            raise ResourceExhausted("already connected to that peer: a dial-back would prove nothing")
+        try:
+            hostport = HostPort.parse(arg["addr"])
+        except AddressError as exc:
+            raise InvalidArgument(str(exc)) from None
+        try:
+            conn = await self._node.endpoint.dial(hostport.host, hostport.port, target, timeout=DIAL_TIMEOUT)
+        except DialError as exc:
+            log.debug("autonat dial-back to %s failed: %s", hostport, exc)
+            return {"reachable": False}
+        conn.close(reason="AutoNAT dial-back done")
+        return {"reachable": True}
