@@ -6,7 +6,14 @@ from typing import TYPE_CHECKING, AsyncIterable, Callable, Iterable
 
 from .config import RpcConfig
 from .identity import PeerId, PeerIdError
-from .rpc import InvalidArgument, ResponseStream, RpcServer, client_stream_call, unary_call
+from .rpc import (
+    InvalidArgument,
+    ResponseStream,
+    RpcServer,
+    bidi_call,
+    client_stream_call,
+    unary_call,
+)
 from .streams import StreamAborted
 
 if TYPE_CHECKING:
@@ -68,6 +75,11 @@ class PeerRpc:
                timeout: float | None = None) -> ResponseStream:
         """Server-streaming call: ``async for item in node.rpc.stream(...)``."""
         return ResponseStream(self._opener(peer), method, arg, timeout, self._config.max_frame)
+
+    def bidi(self, peer: PeerId | str, method: str, arg: object = None, *,
+             timeout: float | None = None):
+        """Bidirectional call: ``async with node.rpc.bidi(...) as channel``."""
+        return bidi_call(self._opener(peer), method, arg, timeout, self._config.max_frame)
 
     async def client_stream(self, peer: PeerId | str, method: str,
                             items: AsyncIterable | Iterable, *,

@@ -14,6 +14,7 @@ from meshd.rpc import (
     ResponseStream,
     RpcServer,
     UnknownMethod,
+    bidi_call,
     client_stream_call,
     unary_call,
 )
@@ -238,3 +239,33 @@ async def test_malformed_requests_get_error_replies(rpc, raw, code):
     assert await rpc.call("echo", 1) == 1
 
 
+
+
+async def test_bidi_calls_carry_items_both_ways_at_once(rpc):
+    async def chat(channel, ctx):
+        async for item in channel:
+            await channel.send(item * 2)
+        await channel.send("bye")
+
+    rpc.server.register("chat", chat, kind="bidi")
+    got = []
+    async with bidi_call(rpc.open, "chat", None, 5, MAX) as channel:
+        for i in range(5):
+            await channel.send(i)
+            got.append(await channel.receive())
+        await channel.end()
+        got.append(await channel.receive())
+        with pytest.raises(trio.EndOfChannel):
+            await channel.receive()
+    assert got == [0, 2, 4, 6, 8, "bye"]
+
+
+async def test_leaving_a_bidi_call_early_cancels_the_handler(rpc):
+    stuck = BlockingHandler()
+    rpc.server.register("stuck_bidi", lambda channel, ctx: stuck(None, ctx), kind="bidi")
+    with pytest.raises(KeyError):
+        async with bidi_call(rpc.open, "stuck_bidi", None, None, MAX):
+            await stuck.started.wait()
+            raise KeyError("caller gives up")
+    with trio.fail_after(5):
+        await stuck.cancelled.wait()

@@ -1,6 +1,7 @@
 """RPC over streams: msgpack frames, unary and streaming calls, typed errors."""
 
-from .client import ResponseStream, client_stream_call, unary_call
+from .channel import Channel
+from .client import ResponseStream, bidi_call, client_stream_call, unary_call
 from .errors import (
     Cancelled,
     DeadlineExceeded,
@@ -18,7 +19,7 @@ from .errors import (
 from .server import CallContext, RpcServer
 
 __all__ = [
-    "CallContext", "Cancelled", "DeadlineExceeded", "FrameTooLargeError", "Internal",
+    "CallContext", "Cancelled", "Channel", "bidi_call", "DeadlineExceeded", "FrameTooLargeError", "Internal",
     "InvalidArgument", "NotFound", "PermissionDenied", "ProtocolViolation", "ResourceExhausted",
     "ResponseStream", "RpcError", "RpcServer", "Unavailable", "UnknownMethod",
     "client_stream_call", "unary_call",

@@ -12,7 +12,8 @@ with the request so the server stops working when the caller stops waiting.
 from __future__ import annotations
 
 import math
-from typing import AsyncIterable, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 
 import trio
 
@@ -26,6 +27,7 @@ from .errors import (
     Unavailable,
     error_from_wire,
 )
+from .channel import Channel
 from .framed import Framed
 
 OpenStream = Callable[[], Awaitable[CallStream]]
@@ -204,3 +206,30 @@ class ResponseStream:
     def __del__(self) -> None:
         if not self._done and self._framed is not None:
             self._framed.stream.abort()
+
+
+@asynccontextmanager
+async def bidi_call(
+    open_stream: OpenStream, method: str, arg: object, timeout: float | None, max_frame: int
+) -> AsyncIterator[Channel]:
+    """Start a bidi call and yield its Channel; leaving the block ends or aborts it.
+
+    A normal exit ends our direction (if not done yet) and stops reading; an
+    exception aborts the stream, which cancels the server's handler.
+    ``timeout`` bounds the whole call.
+    """
+    deadline = _deadline(timeout)
+    with trio.move_on_at(deadline) as scope:
+        stream = await open_stream()
+        framed = Framed(stream, max_frame)
+        try:
+            await framed.write(P.request_frame(method, _wire_timeout(deadline), P.BIDI, arg))
+            channel = Channel(framed, caller=True)
+            yield channel
+            await channel.end()
+        except BaseException:
+            stream.abort()
+            raise
+        await stream.close()
+    if scope.cancelled_caught:
+        raise DeadlineExceeded(f"{method} did not finish within {timeout} s")

@@ -10,8 +10,8 @@ first element is its type:
     END      [3]                                          end of a stream of ITEMs
     ERROR    [4, code, message]                           server -> client, final
 
-After its last frame (REQUEST, or END of a client stream) the caller ends its
-sending side.  A caller that gives up resets the stream (QUIC RESET_STREAM and
+After its last frame (REQUEST, or END of a client stream or bidi call) the
+caller ends its sending side.  A caller that gives up resets the stream (QUIC RESET_STREAM and
 STOP_SENDING), or on the Unix control socket closes the connection, and the
 server cancels the handler.
 """
@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from .errors import ProtocolViolation
 
 REQUEST, REPLY, ITEM, END, ERROR = range(5)
-UNARY, SERVER_STREAM, CLIENT_STREAM = range(3)
-KIND_NAMES = {UNARY: "unary", SERVER_STREAM: "server_stream", CLIENT_STREAM: "client_stream"}
+UNARY, SERVER_STREAM, CLIENT_STREAM, BIDI = range(4)
+KIND_NAMES = {UNARY: "unary", SERVER_STREAM: "server_stream", CLIENT_STREAM: "client_stream",
+              BIDI: "bidi"}
 
 MAX_METHOD_LEN = 128
 MAX_TIMEOUT_MS = 24 * 3600 * 1000

@@ -6,6 +6,8 @@ Handlers take ``(arg, ctx)``:
 * server streaming: ``async def h(arg, ctx): yield item`` (an async generator)
 * client streaming: ``async def h(items, ctx) -> result``, registered with
   ``kind="client_stream"``; ``items`` is an async iterator of the caller's messages.
+* bidirectional: ``async def h(channel, ctx)``, registered with ``kind="bidi"``;
+  see :mod:`meshd.rpc.channel`.
 
 A handler rejects bad input by raising :class:`InvalidArgument` (or another
 RpcError); every other exception is reported to the caller as INTERNAL.
@@ -33,6 +35,7 @@ from .errors import (
     RpcError,
     UnknownMethod,
 )
+from .channel import Channel
 from .framed import Framed
 
 log = logging.getLogger("meshd.rpc")
@@ -174,6 +177,11 @@ class RpcServer:
                 result = await method.handler(_incoming_items(framed, scope), ctx)
                 stream.cancel_on_abort(scope)
                 await framed.write([P.REPLY, result], eof=True)
+            elif method.kind == P.BIDI:
+                stream.cancel_on_abort(scope)
+                channel = Channel(framed, caller=False)
+                await method.handler(channel, ctx)
+                await channel.end()
             else:
                 stream.cancel_on_abort(scope)
                 if method.kind == P.UNARY:

@@ -1,0 +1,71 @@
+"""Bidirectional-streaming calls: both sides send and receive items at will.
+
+A bidi call starts like the others (REQUEST with kind BIDI and an argument),
+then each side sends ITEM frames and ends its direction with END.  The server
+handler is ``async def h(channel, ctx)``; returning ends the server's
+direction.  The caller uses ``async with rpc.bidi(peer, method, arg) as ch``.
+Sending and receiving may happen in different tasks at once.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from ..streams import StreamAborted
+from ..wire import FrameError
+from . import protocol as P
+from .errors import ProtocolViolation, Unavailable, error_from_wire
+from .framed import Framed
+
+
+class Channel:
+    """One side of a bidi call: ``send``/``end`` our items, ``receive`` theirs."""
+
+    def __init__(self, framed: Framed, *, caller: bool):
+        self._framed = framed
+        self._caller = caller
+        self.ended = False  # our direction is over
+
+    async def send(self, item: object) -> None:
+        """Send one item; StreamAborted/FrameError if the stream is gone or it is too large."""
+        if self.ended:
+            raise trio.ClosedResourceError("this side of the channel has ended")
+        await self._framed.write([P.ITEM, item])
+
+    async def end(self) -> None:
+        """End our direction (the peer's ``receive`` raises EndOfChannel after our items)."""
+        if not self.ended:
+            self.ended = True
+            await self._framed.write(P.END_FRAME, eof=True)
+
+    async def receive(self) -> object:
+        """The peer's next item; trio.EndOfChannel once it has ended its direction.
+
+        On the caller's side a server failure raises its RpcError and a lost
+        stream Unavailable.
+        """
+        try:
+            ok, frame = await self._framed.read()
+        except StreamAborted as exc:
+            raise Unavailable(f"bidi stream lost: {exc}") from None
+        except FrameError as exc:
+            raise ProtocolViolation(str(exc)) from None
+        if not ok:
+            raise Unavailable("peer ended the stream without END")
+        kind, value = P.parse_frame(frame)
+        if kind == P.ITEM:
+            return value
+        if kind == P.END:
+            raise trio.EndOfChannel
+        if kind == P.ERROR and self._caller:
+            raise error_from_wire(*value)
+        raise ProtocolViolation(f"unexpected frame type {kind} in a bidi call")
+
+    def __aiter__(self) -> "Channel":
+        return self
+
+    async def __anext__(self) -> object:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
