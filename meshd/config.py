@@ -48,12 +48,23 @@ class NatConfig:
 
 
 @dataclass
+class RelayConfig:
+    enabled: bool = False  # carry circuits for NATed peers that reserve here
+    max_reservations: int = 128
+    reservation_ttl: float = 3600.0
+    max_circuits: int = 16  # per reservation, at once
+    circuit_bytes: int = 128 << 20  # both directions, per circuit
+    circuit_seconds: float = 600.0
+
+
+@dataclass
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     rpc: RpcConfig = field(default_factory=RpcConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
     nat: NatConfig = field(default_factory=NatConfig)
+    relay: RelayConfig = field(default_factory=RelayConfig)
 
     @classmethod
     def load(cls, data_dir: Path) -> "Config":

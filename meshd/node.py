@@ -25,6 +25,7 @@ import trio
 from ._version import __version__
 from .address import AddressError, HostPort, PeerAddr
 from .autonat import AutoNat
+from .relay import Relay
 from .config import Config
 from .control import serve_control
 from .identity import PeerId, load_or_create_identity
@@ -66,6 +67,7 @@ class Node:
         self.rpc.register("ping", _ping)
         self.rpc.register("identify", self._identify)
         self.autonat = AutoNat(self)
+        self.relay = Relay(self, config.relay)
 
     # --- addresses -------------------------------------------------------------
 
@@ -115,20 +117,21 @@ class Node:
             self.peerstore.seen(conn.peer_id)
 
     def _serve_stream(self, conn: PeerConnection, stream) -> None:
-        info = {"remote": conn.remote_addr, "path": conn.path}
+        info = {"remote": _direct_address(conn), "path": conn.path}
         self._nursery.start_soon(self.rpc.server.serve_call, stream, conn.peer_id, info)
 
     async def _learn_about(self, conn: PeerConnection) -> None:
         """Ask a new peer who it is and where it listens; store what it says."""
         peer = conn.peer_id
-        if conn.dialed:
-            self.peerstore.add_addresses(peer, [_hostport(conn.remote_addr)])
+        remote = _direct_address(conn)
+        if conn.dialed and remote is not None:
+            self.peerstore.add_addresses(peer, [_hostport(remote)])
         try:
             info = await self.rpc.call(peer, "identify", None, timeout=10)
         except Exception as exc:  # a peer that cannot identify is still a peer
             log.debug("identify %s failed: %s", peer, exc)
             return
-        listen = _listen_addresses(info, conn.remote_addr)
+        listen = _listen_addresses(info, remote)
         if listen:
             self.peerstore.add_addresses(peer, listen)
         agent = info.get("agent") if isinstance(info, dict) else None
@@ -212,7 +215,7 @@ class Node:
         return [
             {
                 "peer_id": str(peer),
-                "address": _hostport(conn.remote_addr),
+                "address": _hostport(conn.remote_addr) if conn.path != "relayed" else "relayed",
                 "path": conn.path,
                 "direction": "out" if conn.dialed else "in",
                 "rtt_ms": _ms(conn.rtt),
@@ -263,7 +266,8 @@ class Node:
     def stun_servers(self) -> list[HostPort]:
         """Configured STUN servers, then every connected peer (each meshd is one)."""
         servers = [HostPort.parse(text) for text in self.config.nat.stun_servers]
-        servers += [HostPort.parse(_hostport(conn.remote_addr)) for conn in self._conns.values()]
+        servers += [HostPort.parse(_hostport(conn.remote_addr)) for conn in self._conns.values()
+                    if _direct_address(conn) is not None]
         return list(dict.fromkeys(servers))
 
     def status(self) -> dict:
@@ -336,24 +340,33 @@ def _hostport(addr: tuple) -> str:
     return str(HostPort(host, addr[1]))
 
 
+def _direct_address(conn: PeerConnection) -> tuple | None:
+    """The peer's UDP address, or None for a relayed connection (it has none)."""
+    return None if conn.path == "relayed" else conn.remote_addr
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
 
 
-def _listen_addresses(info: object, remote: tuple) -> list[str]:
-    """The peer's listen addresses, with wildcard hosts replaced by where we saw it."""
+def _listen_addresses(info: object, remote: tuple | None) -> list[str]:
+    """The peer's listen addresses; wildcard hosts become where we saw it (dropped if relayed)."""
     if not isinstance(info, dict) or not isinstance(info.get("listen"), list):
         return []
-    seen_host = _hostport(remote).rpartition(":")[0].strip("[]")
+    seen_host = None if remote is None else _hostport(remote).rpartition(":")[0].strip("[]")
     out = []
     for text in info["listen"][:8]:
         try:
             hp = HostPort.parse(text) if isinstance(text, str) else None
         except AddressError:
             continue
-        if hp is not None:
-            host = seen_host if hp.host in ("0.0.0.0", "::") else hp.host
-            out.append(str(HostPort(host, hp.port)))
+        if hp is None:
+            continue
+        if hp.host in ("0.0.0.0", "::"):
+            if seen_host is None:
+                continue
+            hp = HostPort(seen_host, hp.port)
+        out.append(str(hp))
     return out
 
 

@@ -21,9 +21,10 @@ from .framed import Framed
 class Channel:
     """One side of a bidi call: ``send``/``end`` our items, ``receive`` theirs."""
 
-    def __init__(self, framed: Framed, *, caller: bool):
+    def __init__(self, framed: Framed, *, caller: bool, arg: object = None):
         self._framed = framed
         self._caller = caller
+        self.arg = arg  # on the server side: the argument the caller started the call with
         self.ended = False  # our direction is over
 
     async def send(self, item: object) -> None:

@@ -179,7 +179,7 @@ class RpcServer:
                 await framed.write([P.REPLY, result], eof=True)
             elif method.kind == P.BIDI:
                 stream.cancel_on_abort(scope)
-                channel = Channel(framed, caller=False)
+                channel = Channel(framed, caller=False, arg=request.arg)
                 await method.handler(channel, ctx)
                 await channel.end()
             else:

@@ -1,0 +1,105 @@
+"""Relayed connections on loopback: reservations, limits, and every RPC kind over a circuit."""
+
+import pytest
+import trio
+
+import meshd
+from meshd.config import Config
+
+
+def relay_config(**limits) -> Config:
+    config = Config()
+    config.relay.enabled = True
+    for key, value in limits.items():
+        setattr(config.relay, key, value)
+    return config
+
+
+async def echo(arg, ctx):
+    return {"arg": arg, "path": ctx.info["path"], "from": str(ctx.peer)}
+
+
+async def count(n, ctx):
+    for i in range(n):
+        yield i
+
+
+async def total(items, ctx):
+    return sum([x async for x in items])
+
+
+async def chat(channel, ctx):
+    async for item in channel:
+        await channel.send(item + 1)
+
+
+def serve_all(node):
+    node.rpc.register("echo", echo)
+    node.rpc.register("count", count)
+    node.rpc.register("total", total, kind="client_stream")
+    node.rpc.register("chat", chat, kind="bidi")
+
+
+async def test_every_rpc_kind_works_both_ways_over_a_relay(tmp_path):
+    async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=relay_config()) as r, \
+            meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
+            meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
+        serve_all(n)
+        serve_all(x)
+        await n.connect(r.address)
+        limits = await n.relay.reserve(r.peer_id)
+        assert limits["max_circuits"] == 16
+        await x.connect(r.address)
+        with trio.fail_after(20):
+            conn = await x.relay.dial_via(r.peer_id, n.peer_id)
+            await n.wait_connected(x.peer_id)
+        assert conn.path == "relayed" and conn.peer_id == n.peer_id
+        assert x.peers()[-1]["path"] in ("relayed", "direct")
+        with trio.fail_after(20):
+            reply = await x.rpc.call(n.peer_id, "echo", "hi")
+            assert reply == {"arg": "hi", "path": "relayed", "from": str(x.peer_id)}
+            assert [i async for i in x.rpc.stream(n.peer_id, "count", 5)] == [0, 1, 2, 3, 4]
+            assert await x.rpc.client_stream(n.peer_id, "total", range(100)) == 4950
+            async with x.rpc.bidi(n.peer_id, "chat") as channel:
+                await channel.send(41)
+                assert await channel.receive() == 42
+            # and back: N calls X over the same relayed connection
+            assert (await n.rpc.call(x.peer_id, "echo", 1))["path"] == "relayed"
+            big = await x.rpc.call(n.peer_id, "echo", b"z" * (3 << 20))
+            assert big["arg"] == b"z" * (3 << 20)
+
+
+async def test_no_reservation_no_relay_and_relaying_off_are_clear_errors(tmp_path):
+    async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=relay_config()) as r, \
+            meshd.open_node(tmp_path / "plain", listen="127.0.0.1:0") as plain, \
+            meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
+            meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
+        await n.connect(plain.address)
+        with pytest.raises(meshd.PermissionDenied, match="does not relay"):
+            await n.relay.reserve(plain.peer_id)
+        await n.connect(r.address)
+        await x.connect(r.address)
+        with trio.fail_after(20), pytest.raises(meshd.Unavailable, match="no reservation"):
+            await x.relay.dial_via(r.peer_id, n.peer_id)
+        await n.relay.reserve(r.peer_id)
+        with trio.fail_after(20):
+            conn = await x.relay.dial_via(r.peer_id, n.peer_id)
+        assert conn.path == "relayed"
+
+
+async def test_a_circuit_ends_at_its_byte_limit(tmp_path):
+    config = relay_config(circuit_bytes=256 << 10)
+    async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=config) as r, \
+            meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
+            meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
+        serve_all(n)
+        await n.connect(r.address)
+        await n.relay.reserve(r.peer_id)
+        await x.connect(r.address)
+        with trio.fail_after(20):
+            conn = await x.relay.dial_via(r.peer_id, n.peer_id)
+            assert (await x.rpc.call(n.peer_id, "echo", "small"))["arg"] == "small"
+            with pytest.raises(meshd.RpcError):
+                await x.rpc.call(n.peer_id, "echo", b"z" * (1 << 20), timeout=10)
+            await conn.terminated.wait()  # the relay cut the circuit; the connection died with it
+        assert r.relay.reservations[n.peer_id].circuits == 0
