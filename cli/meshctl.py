@@ -68,7 +68,7 @@ async def cmd_ping(client: meshd.Client, args) -> object:
 
 
 async def cmd_connect(client: meshd.Client, args) -> object:
-    result = {"peer_id": await client.connect(args.addr)}
+    result = {"peer_id": await client.connect(args.addr, via=args.via)}
     return result, lambda: console.print(f"connected to {result['peer_id']}", highlight=False)
 
 
@@ -99,6 +99,21 @@ async def cmd_nat(client: meshd.Client, args) -> object:
             reach += f" ({result['reachability_address']} dialed by {result['reachability_via'][:10]}...)"
         table.add_row("reachability", reach)
         table.add_row("STUN requests answered", str(result["stun_answered"]))
+        console.print(table)
+
+    return result, show
+
+
+async def cmd_relay(client: meshd.Client, args) -> object:
+    result = await client.relay(reserve=args.reserve)
+
+    def show() -> None:
+        table = Table(show_header=False, box=None)
+        table.add_row("relaying for others", "on" if result["enabled"] else "off ([relay] enabled)")
+        for peer, held in result["serving"].items():
+            table.add_row(f"serving {peer[:10]}...", f"{held['circuits']} circuits, {held['expires_in']} s left")
+        for peer, left in result["reserved_at"].items():
+            table.add_row(f"reserved at {peer[:10]}...", f"{left} s left")
         console.print(table)
 
     return result, show
@@ -136,7 +151,11 @@ def _parser() -> argparse.ArgumentParser:
     p = add("ping", cmd_ping, "round-trip time to a peer")
     p.add_argument("peer")
     p.add_argument("-c", "--count", type=int, default=3)
-    add("connect", cmd_connect, "dial PEERID@HOST:PORT").add_argument("addr")
+    p = add("connect", cmd_connect, "dial PEERID@HOST:PORT, or PEERID --via RELAY_PEERID")
+    p.add_argument("addr")
+    p.add_argument("--via", metavar="RELAY", help="reach PEERID through this relay (it must hold a reservation)")
+    p = add("relay", cmd_relay, "relay reservations: held here and ours elsewhere")
+    p.add_argument("--reserve", metavar="RELAY", help="reserve a slot at this relay first")
     add("disconnect", cmd_disconnect, "close the connection to a peer").add_argument("peer")
     p = add("nat", cmd_nat, "reflexive addresses (STUN) and NAT facts")
     p.add_argument("--stun", metavar="HOST:PORT", help="ask this STUN server (any meshd port works) first")

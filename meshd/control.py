@@ -74,11 +74,20 @@ def control_server(node: "Node") -> RpcServer:
         return {"peer_id": str(peer), "rtt_ms": round(await node.ping(peer) * 1000, 3)}
 
     async def connect(arg, ctx):
+        if isinstance(arg, dict) and "via" in arg:
+            relay = _peer_field({"peer": arg.get("via")})
+            conn = await node.relay.dial_via(relay, _peer_field(arg))
+            return {"peer_id": str(conn.peer_id), "path": conn.path}
         try:
             peer = await node.connect(_field(arg, "addr", str))
         except AddressError as exc:
             raise InvalidArgument(str(exc)) from None
-        return {"peer_id": str(peer)}
+        return {"peer_id": str(peer), "path": "direct"}
+
+    async def relay(arg, ctx):
+        if isinstance(arg, dict) and "reserve" in arg:
+            await node.relay.reserve(_peer_field({"peer": arg["reserve"]}))
+        return node.relay.status()
 
     async def disconnect(arg, ctx):
         return {"disconnected": node.disconnect(_peer_field(arg))}
@@ -109,7 +118,7 @@ def control_server(node: "Node") -> RpcServer:
 
     for name, handler in (("id", id_), ("status", status), ("peers", peers), ("ping", ping),
                           ("connect", connect), ("disconnect", disconnect), ("call", call),
-                          ("nat", nat), ("stun", stun)):
+                          ("nat", nat), ("stun", stun), ("relay", relay)):
         server.register(name, handler)
     return server
 
@@ -201,9 +210,17 @@ class Client:
         """Round-trip time to ``peer`` in milliseconds."""
         return (await self.request("ping", {"peer": str(peer)}))["rtt_ms"]
 
-    async def connect(self, addr: str) -> str:
-        """Have the daemon dial ``PEERID@HOST:PORT``; returns the PeerId."""
-        return (await self.request("connect", {"addr": str(addr)}))["peer_id"]
+    async def connect(self, addr: str, via: str | None = None) -> str:
+        """Have the daemon dial ``PEERID@HOST:PORT``, or PEERID through relay ``via``.
+
+        Returns the PeerId.
+        """
+        arg = {"addr": str(addr)} if via is None else {"peer": str(addr), "via": str(via)}
+        return (await self.request("connect", arg))["peer_id"]
+
+    async def relay(self, reserve: str | None = None) -> dict:
+        """Relay reservations, after reserving a slot at relay PeerId ``reserve`` if given."""
+        return await self.request("relay", {} if reserve is None else {"reserve": str(reserve)})
 
     async def disconnect(self, peer: PeerId | str) -> bool:
         return (await self.request("disconnect", {"peer": str(peer)}))["disconnected"]

@@ -71,6 +71,17 @@ class Relay:
         log.info("relay %s holds a reservation for us (%s s)", relay, limits["ttl"])
         return limits
 
+    def status(self) -> dict:
+        """Reservations held here (as a relay) and ours at other relays, with seconds left."""
+        now = trio.current_time()
+        self._expire(now)
+        return {
+            "enabled": self.config.enabled,
+            "serving": {str(p): {"circuits": r.circuits, "expires_in": round(r.expires - now)}
+                        for p, r in self.reservations.items()},
+            "reserved_at": {str(p): round(t - now) for p, t in self.reserved_at.items() if t > now},
+        }
+
     # --- relay -----------------------------------------------------------------
 
     async def _serve_reserve(self, arg: object, ctx) -> dict:

@@ -103,3 +103,20 @@ async def test_a_circuit_ends_at_its_byte_limit(tmp_path):
                 await x.rpc.call(n.peer_id, "echo", b"z" * (1 << 20), timeout=10)
             await conn.terminated.wait()  # the relay cut the circuit; the connection died with it
         assert r.relay.reservations[n.peer_id].circuits == 0
+
+
+async def test_the_control_socket_reserves_and_connects_through_a_relay(tmp_path):
+    async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=relay_config()) as r, \
+            meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
+            meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
+        async with meshd.connect(tmp_path / "n") as nctl, meshd.connect(tmp_path / "x") as xctl:
+            await nctl.connect(str(r.address))
+            status = await nctl.relay(reserve=str(r.peer_id))
+            assert str(r.peer_id) in status["reserved_at"]
+            await xctl.connect(str(r.address))
+            with trio.fail_after(20):
+                assert await xctl.connect(str(n.peer_id), via=str(r.peer_id)) == str(n.peer_id)
+                assert await xctl.call(n.peer_id, "ping", "relayed") == "relayed"
+            relayed = [p for p in await xctl.peers() if p["peer_id"] == str(n.peer_id)]
+            assert relayed and relayed[0]["path"] == "relayed"
+        assert r.relay.status()["serving"][str(n.peer_id)]["circuits"] == 1
