@@ -119,6 +119,12 @@ async def cmd_relay(client: meshd.Client, args) -> object:
     return result, show
 
 
+async def cmd_punch(client: meshd.Client, args) -> object:
+    result = {"peer_id": args.peer, "punched": await client.punch(args.peer)}
+    text = "direct path punched to" if result["punched"] else "hole punching failed; still relayed to"
+    return result, lambda: console.print(f"{text} {args.peer}", highlight=False)
+
+
 async def cmd_call(client: meshd.Client, args) -> object:
     try:
         arg = json.loads(args.arg) if args.arg is not None else None
@@ -154,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     p = add("connect", cmd_connect, "dial PEERID@HOST:PORT, or PEERID --via RELAY_PEERID")
     p.add_argument("addr")
     p.add_argument("--via", metavar="RELAY", help="reach PEERID through this relay (it must hold a reservation)")
+    add("punch", cmd_punch, "try a direct path to a peer reached through a relay").add_argument("peer")
     p = add("relay", cmd_relay, "relay reservations: held here and ours elsewhere")
     p.add_argument("--reserve", metavar="RELAY", help="reserve a slot at this relay first")
     add("disconnect", cmd_disconnect, "close the connection to a peer").add_argument("peer")

@@ -45,6 +45,7 @@ class PeersConfig:
 @dataclass
 class NatConfig:
     stun_servers: list[str] = field(default_factory=list)  # HOST:PORT, asked at start
+    hole_punching: bool = True  # after a relayed connection, try for a direct one
 
 
 @dataclass

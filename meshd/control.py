@@ -76,13 +76,17 @@ def control_server(node: "Node") -> RpcServer:
     async def connect(arg, ctx):
         if isinstance(arg, dict) and "via" in arg:
             relay = _peer_field({"peer": arg.get("via")})
-            conn = await node.relay.dial_via(relay, _peer_field(arg))
+            conn = await node.connect_via(relay, _peer_field(arg))
             return {"peer_id": str(conn.peer_id), "path": conn.path}
         try:
             peer = await node.connect(_field(arg, "addr", str))
         except AddressError as exc:
             raise InvalidArgument(str(exc)) from None
         return {"peer_id": str(peer), "path": "direct"}
+
+    async def punch(arg, ctx):
+        conn = await node.puncher.punch(_peer_field(arg))
+        return {"punched": conn is not None, "path": conn.path if conn else None}
 
     async def relay(arg, ctx):
         if isinstance(arg, dict) and "reserve" in arg:
@@ -118,7 +122,7 @@ def control_server(node: "Node") -> RpcServer:
 
     for name, handler in (("id", id_), ("status", status), ("peers", peers), ("ping", ping),
                           ("connect", connect), ("disconnect", disconnect), ("call", call),
-                          ("nat", nat), ("stun", stun), ("relay", relay)):
+                          ("nat", nat), ("stun", stun), ("relay", relay), ("punch", punch)):
         server.register(name, handler)
     return server
 
@@ -217,6 +221,10 @@ class Client:
         """
         arg = {"addr": str(addr)} if via is None else {"peer": str(addr), "via": str(via)}
         return (await self.request("connect", arg))["peer_id"]
+
+    async def punch(self, peer: str) -> bool:
+        """Try hole punching to ``peer`` (reached through a relay) now; True if direct."""
+        return (await self.request("punch", {"peer": str(peer)}, timeout=60))["punched"]
 
     async def relay(self, reserve: str | None = None) -> dict:
         """Relay reservations, after reserving a slot at relay PeerId ``reserve`` if given."""

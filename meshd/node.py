@@ -25,6 +25,7 @@ import trio
 from ._version import __version__
 from .address import AddressError, HostPort, PeerAddr
 from .autonat import AutoNat
+from .punch import HolePuncher
 from .relay import Relay
 from .config import Config
 from .control import serve_control
@@ -68,6 +69,7 @@ class Node:
         self.rpc.register("identify", self._identify)
         self.autonat = AutoNat(self)
         self.relay = Relay(self, config.relay)
+        self.puncher = HolePuncher(self)
 
     # --- addresses -------------------------------------------------------------
 
@@ -89,6 +91,8 @@ class Node:
         peer = conn.peer_id
         old = self._conns.get(peer)
         if old is not None and old is not conn:
+            if old.path == "relayed" and conn.path == "direct":
+                conn.path = "punched"  # a direct path found while relayed: hole punching worked
             keep, drop = self._pick(old, conn)
             drop.close(CLOSE_REPLACED, "replaced by another connection to the same peer")
             if keep is old:
@@ -194,6 +198,17 @@ class Node:
                 raise Unavailable(str(exc)) from None
         self.peerstore.add_addresses(addr.peer_id, [str(addr.hostport)])
         return addr.peer_id
+
+    async def connect_via(self, relay: PeerId, peer: PeerId) -> PeerConnection:
+        """Reach ``peer`` through ``relay``, then try to punch a direct path in the background.
+
+        Returns the relayed connection; if punching works, a direct one (path
+        "punched") replaces it for later calls.
+        """
+        conn = await self.relay.dial_via(relay, peer)
+        if self.config.nat.hole_punching:
+            self._nursery.start_soon(self.puncher.punch, peer)
+        return conn
 
     def disconnect(self, peer: PeerId) -> bool:
         """Close the connection to ``peer``; False if there was none."""

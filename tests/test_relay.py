@@ -120,3 +120,25 @@ async def test_the_control_socket_reserves_and_connects_through_a_relay(tmp_path
             relayed = [p for p in await xctl.peers() if p["peer_id"] == str(n.peer_id)]
             assert relayed and relayed[0]["path"] == "relayed"
         assert r.relay.status()["serving"][str(n.peer_id)]["circuits"] == 1
+
+
+async def test_a_relayed_peer_that_is_reachable_gets_a_punched_direct_path(tmp_path):
+    # On loopback nothing filters, so the punch must succeed; the NAT lab tests the hard cases.
+    async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=relay_config()) as r, \
+            meshd.open_node(tmp_path / "s", listen="127.0.0.1:0") as s, \
+            meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
+            meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
+        serve_all(n)
+        for node in (n, x):
+            await node.connect(r.address)
+            await node.connect(s.address)  # a second STUN server for discovery
+        await n.relay.reserve(r.peer_id)
+        await n.stun.discover(n.stun_servers())
+        with trio.fail_after(30):
+            relayed = await x.relay.dial_via(r.peer_id, n.peer_id)
+            assert relayed.path == "relayed"
+            direct = await x.puncher.punch(n.peer_id)
+        assert direct is not None and direct.path == "punched"
+        assert x._conns[n.peer_id] is direct
+        with trio.fail_after(10):
+            assert (await x.rpc.call(n.peer_id, "echo", "direct"))["path"] == "punched"

@@ -1,0 +1,129 @@
+"""Hole punching over a relayed connection (after libp2p's DCUtR), then a direct QUIC dial.
+
+When X reaches N only through a relay, X asks N over that relayed connection
+(``punch.exchange``) for N's public addresses, sending its own.  Both sides
+then send a short burst of STUN Binding requests from their one UDP socket to
+the other's addresses: each burst opens the sender's NAT towards the other
+(and, behind an endpoint-independent mapping, reuses the very port QUIC uses).
+N starts as soon as it answers; X starts when the answer arrives, half a
+round trip later, so the bursts cross.  X then dials N directly.  On success
+the direct connection, with path "punched", replaces the relayed one for new
+calls (the node keeps one connection per peer).  Bounded tries; the relay
+stays the fallback.
+
+Public addresses come from STUN (``NodeStun``): the reflexive addresses
+peers and servers reported.  Behind a symmetric NAT those do not predict the
+mapping used towards a new peer, and punching fails, as expected.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from nat.stun import binding_request
+
+from .address import AddressError, HostPort
+from .identity import PeerId
+from .rpc import InvalidArgument, RpcError
+from .transport import DialError, PeerConnection
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = logging.getLogger("meshd.punch")
+
+BURST = 10  # packets per address
+BURST_GAP = 0.02  # seconds between them
+TRIES = 3
+DIAL_TIMEOUT = 3.0
+_MAX_ADDRS = 8
+
+
+class HolePuncher:
+    """Both roles of hole punching on one node."""
+
+    def __init__(self, node: "Node"):
+        self._node = node
+        node.rpc.register("punch.exchange", self._serve_exchange)
+
+    def public_addresses(self) -> list[str]:
+        """Where others may reach our socket: STUN's reflexive addresses, then our listen address."""
+        seen = list(dict.fromkeys(self._node.stun.reflexive.values()))
+        listen = str(self._node.listen_address)
+        if not listen.startswith(("0.0.0.0", "[::]")):
+            seen.append(listen)
+        return seen[:_MAX_ADDRS]
+
+    async def _serve_exchange(self, arg: object, ctx) -> dict:
+        if ctx.info.get("path") != "relayed":
+            raise InvalidArgument("hole punching is asked for over a relayed connection")
+        theirs = _addresses(arg)
+        self._node._nursery.start_soon(self._burst, theirs)
+        return {"addrs": self.public_addresses()}
+
+    async def punch(self, peer: PeerId) -> PeerConnection | None:
+        """Try to replace the relayed connection to ``peer`` with a direct one.
+
+        Returns the direct connection (path "punched"), or None after
+        ``TRIES`` failed attempts.
+        """
+        if not self._node.stun.reflexive:
+            await self._node.stun.discover(self._node.stun_servers())
+        for attempt in range(1, TRIES + 1):
+            start = trio.current_time()
+            try:
+                reply = await self._node.rpc.call(
+                    peer, "punch.exchange", {"addrs": self.public_addresses()}, timeout=10
+                )
+            except RpcError as exc:
+                log.info("punch %s: exchange failed: %s", peer, exc)
+                return None
+            rtt = trio.current_time() - start
+            theirs = _addresses(reply)
+            await trio.sleep(rtt / 2)  # N started its burst when it answered
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._burst, theirs)
+                for hostport in theirs:
+                    conn = await self._dial(peer, hostport)
+                    if conn is not None:
+                        nursery.cancel_scope.cancel()
+                        log.info("punched through to %s at %s (try %d)", peer, hostport, attempt)
+                        return conn
+            log.info("punch %s: try %d of %d failed", peer, attempt, TRIES)
+        return None
+
+    async def _dial(self, peer: PeerId, hostport: HostPort) -> PeerConnection | None:
+        try:
+            return await self._node.endpoint.dial(hostport.host, hostport.port, peer, timeout=DIAL_TIMEOUT)
+        except DialError as exc:
+            log.debug("punch dial %s: %s", hostport, exc)
+            return None
+
+    async def _burst(self, addresses: list[HostPort]) -> None:
+        """A few STUN Binding requests to each address, from the QUIC socket."""
+        endpoint = self._node.endpoint
+        targets = []
+        for hostport in addresses:
+            try:
+                targets.append(await endpoint.resolve(hostport.host, hostport.port))
+            except DialError:
+                continue
+        for _ in range(BURST):
+            for target in targets:
+                endpoint.send_datagram(binding_request().encode(), target)
+            await trio.sleep(BURST_GAP)
+
+
+def _addresses(arg: object) -> list[HostPort]:
+    if not isinstance(arg, dict) or not isinstance(arg.get("addrs"), list):
+        raise InvalidArgument('expected {"addrs": [HOST:PORT, ...]}')
+    out = []
+    for text in arg["addrs"][:_MAX_ADDRS]:
+        try:
+            out.append(HostPort.parse(text))
+        except (AddressError, TypeError, AttributeError):
+            raise InvalidArgument(f"bad address {text!r}") from None
+    return out
