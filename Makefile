@@ -4,12 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test bench clean coturn
+.PHONY: demo test bench clean coturn nftables
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
 
-test: $(STAMP) coturn
+test: $(STAMP) coturn nftables
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)
@@ -28,6 +28,14 @@ coturn:
 	  apt-get install -y -qq coturn >/dev/null 2>&1 || \
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq coturn >/dev/null 2>&1; } || \
 	  echo "could not install coturn: its interop test will be skipped"; }
+
+# nftables and conntrack build the NAT lab's routers in network namespaces (needs root).
+nftables:
+	@{ command -v nft && command -v conntrack; } >/dev/null 2>&1 || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq nftables conntrack >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq nftables conntrack >/dev/null 2>&1; } || \
+	  echo "could not install nftables/conntrack: the NAT lab tests will fail"; }
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -29,8 +29,12 @@ class Daemon:
     """One ``meshd start`` process and the ``meshctl`` commands aimed at it."""
 
     def __init__(self, data_dir: Path, *, listen: str = "127.0.0.1:0",
-                 bootstrap: list[str] | None = None, config: dict | None = None):
+                 bootstrap: list[str] | None = None, config: dict | None = None,
+                 command_prefix: list[str] | None = None, env: dict | None = None):
+        """``command_prefix`` goes before the daemon's command (``ip netns exec NS``)."""
         self.data_dir = Path(data_dir)
+        self.command_prefix = command_prefix or []
+        self.env = env
         self.listen = listen
         self.bootstrap = bootstrap or []
         self.config = config or {}
@@ -48,12 +52,13 @@ class Daemon:
             config = Config.load(self.data_dir)
             config.update(self.config)
             (self.data_dir / CONFIG_FILE).write_text(config.render())
-        cmd = [sys.executable, "-m", "cli.meshd_main", "start", "--data-dir", str(self.data_dir),
-               "--listen", self.listen]
+        cmd = [*self.command_prefix, sys.executable, "-m", "cli.meshd_main", "start",
+               "--data-dir", str(self.data_dir), "--listen", self.listen]
         if self.bootstrap:
             cmd += ["--bootstrap", *self.bootstrap]
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                                     env=self.env)
         log.close()
         line = self._read_line(timeout)
         if not line.startswith("ready "):
