@@ -56,6 +56,7 @@ class RelayConfig:
     max_circuits: int = 16  # per reservation, at once
     circuit_bytes: int = 128 << 20  # both directions, per circuit
     circuit_seconds: float = 600.0
+    reserve_at_bootstrap: bool = True  # ask bootstrap peers to relay for us (renewed before expiry)
 
 
 @dataclass

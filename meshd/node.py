@@ -15,6 +15,7 @@ restarted, or the old path died).
 from __future__ import annotations
 
 import logging
+import math
 import random
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,6 +41,7 @@ from .rpc import InvalidArgument, RpcError, Unavailable
 log = logging.getLogger("meshd.node")
 
 _RACE_WINDOW = 10.0  # seconds within which two connections to one peer count as a race
+_RETIRE_GRACE = 30.0  # seconds a replaced connection may finish its calls
 AGENT = f"meshd/{__version__}"
 
 
@@ -94,7 +96,7 @@ class Node:
             if old.path == "relayed" and conn.path == "direct":
                 conn.path = "punched"  # a direct path found while relayed: hole punching worked
             keep, drop = self._pick(old, conn)
-            drop.close(CLOSE_REPLACED, "replaced by another connection to the same peer")
+            self._nursery.start_soon(self._retire, drop)
             if keep is old:
                 return
         self._conns[peer] = conn
@@ -105,6 +107,12 @@ class Node:
         log.info("connected to %s at %s:%s (%s)", peer, *conn.remote_addr[:2],
                  "dialed" if conn.dialed else "accepted")
         self._nursery.start_soon(self._learn_about, conn)
+
+    async def _retire(self, conn: PeerConnection) -> None:
+        """Close a replaced connection once its calls have finished (at most ``_RETIRE_GRACE`` s)."""
+        with trio.move_on_after(_RETIRE_GRACE):
+            await conn.wait_idle()
+        conn.close(CLOSE_REPLACED, "replaced by another connection to the same peer")
 
     def _pick(self, old: PeerConnection, new: PeerConnection) -> tuple[PeerConnection, PeerConnection]:
         """(keep, drop) for two connections to one peer, the same choice on both sides."""
@@ -160,15 +168,25 @@ class Node:
                 raise Unavailable(f"could not reach {peer}")
             return conn
         record = self.peerstore.get(peer)
-        if record is None or not record.addrs:
-            raise Unavailable(f"no known address for {peer}; connect to PEERID@HOST:PORT first")
         errors = []
-        for text in record.addrs:
+        for text in record.addrs if record else []:
             try:
                 return await self._dial(PeerAddr(peer, HostPort.parse(text)))
             except (DialError, AddressError) as exc:
                 errors.append(str(exc))
+        for relay in self._relays():
+            try:
+                return await self.connect_via(relay, peer)
+            except RpcError as exc:
+                errors.append(f"via {relay.short()}: {exc.message}")
+        if not errors:
+            raise Unavailable(f"no known address for {peer}; connect to PEERID@HOST:PORT first")
         raise Unavailable(f"could not reach {peer}: " + "; ".join(errors))
+
+    def _relays(self) -> list[PeerId]:
+        """Connected bootstrap peers: where a NATed peer is likely to hold a reservation."""
+        bootstrap = [PeerAddr.parse(text).peer_id for text in self.config.node.bootstrap]
+        return [peer for peer in bootstrap if peer in self._conns]
 
     async def _dial(self, addr: PeerAddr) -> PeerConnection:
         event = self._dialing.setdefault(addr.peer_id, trio.Event())
@@ -309,7 +327,8 @@ class Node:
             conn = self._conns.get(addr.peer_id)
             if conn is not None and conn.close_reason is None:
                 delay = 0.25
-                await conn.terminated.wait()
+                with trio.move_on_after(await self._reserve_at(addr.peer_id)):
+                    await conn.terminated.wait()
                 continue
             try:
                 await self.connect(addr)
@@ -318,6 +337,17 @@ class Node:
                 log.warning("bootstrap %s failed (retry in %.1f s): %s", addr.hostport, delay, exc)
             await trio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(cap, delay * 2)
+
+    async def _reserve_at(self, relay: PeerId) -> float:
+        """Reserve a relay slot at a bootstrap peer; seconds until it should be renewed."""
+        if not self.config.relay.reserve_at_bootstrap:
+            return math.inf
+        try:
+            limits = await self.relay.reserve(relay)
+        except RpcError as exc:
+            log.debug("no relay reservation at %s: %s", relay, exc)
+            return math.inf
+        return float(limits["ttl"]) * 0.8
 
     async def _run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

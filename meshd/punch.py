@@ -8,8 +8,9 @@ the other's addresses: each burst opens the sender's NAT towards the other
 N starts as soon as it answers; X starts when the answer arrives, half a
 round trip later, so the bursts cross.  X then dials N directly.  On success
 the direct connection, with path "punched", replaces the relayed one for new
-calls (the node keeps one connection per peer).  Bounded tries; the relay
-stays the fallback.
+calls (the node keeps one connection per peer).  N dials X's addresses too, so a
+public X is reached whatever NAT N is behind.  Bounded tries; the relay stays
+the fallback (reserved, and dialed again if the direct path dies).
 
 Public addresses come from STUN (``NodeStun``): the reflexive addresses
 peers and servers reported.  Behind a symmetric NAT those do not predict the
@@ -61,7 +62,7 @@ class HolePuncher:
         if ctx.info.get("path") != "relayed":
             raise InvalidArgument("hole punching is asked for over a relayed connection")
         theirs = _addresses(arg)
-        self._node._nursery.start_soon(self._burst, theirs)
+        self._node._nursery.start_soon(self._attempt, ctx.peer, theirs)
         return {"addrs": self.public_addresses()}
 
     async def punch(self, peer: PeerId) -> PeerConnection | None:
@@ -82,17 +83,30 @@ class HolePuncher:
                 log.info("punch %s: exchange failed: %s", peer, exc)
                 return None
             rtt = trio.current_time() - start
-            theirs = _addresses(reply)
             await trio.sleep(rtt / 2)  # N started its burst when it answered
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._burst, theirs)
-                for hostport in theirs:
-                    conn = await self._dial(peer, hostport)
-                    if conn is not None:
-                        nursery.cancel_scope.cancel()
-                        log.info("punched through to %s at %s (try %d)", peer, hostport, attempt)
-                        return conn
+            conn = await self._attempt(peer, _addresses(reply))
+            if conn is not None:
+                return conn
+            current = self._node._conns.get(peer)
+            if current is not None and current.path == "punched":
+                return current  # N's dial towards us got through first
             log.info("punch %s: try %d of %d failed", peer, attempt, TRIES)
+        return None
+
+    async def _attempt(self, peer: PeerId, addresses: list[HostPort]) -> PeerConnection | None:
+        """Burst towards ``addresses`` while dialing each in turn; the first direct connection wins.
+
+        Both sides run this, so whichever NAT lets the other in first decides,
+        and a public peer is reached whatever NAT the other side has.
+        """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._burst, addresses)
+            for hostport in addresses:
+                conn = await self._dial(peer, hostport)
+                if conn is not None:
+                    nursery.cancel_scope.cancel()
+                    log.info("punched through to %s at %s", peer, hostport)
+                    return conn
         return None
 
     async def _dial(self, peer: PeerId, hostport: HostPort) -> PeerConnection | None:

@@ -114,6 +114,7 @@ class PeerConnection:
         self.last_received = self.created_at
         self._streams: dict[int, QuicCallStream] = {}
         self._last_peer_stream = -1
+        self._idle = trio.lowlevel.ParkingLot()  # wait_idle() callers
         self._blocked: set[QuicCallStream] = set()
         self._stream_window = stream_window
         self._connection_window = connection_window
@@ -182,6 +183,7 @@ class PeerConnection:
         for stream in streams.values():
             stream.peer_aborted(reason)
         self._blocked.clear()
+        self._idle.unpark_all()
 
     # --- datagrams in and out ------------------------------------------------
 
@@ -376,6 +378,13 @@ class PeerConnection:
         self._streams.pop(stream.stream_id, None)
         self._consumed.pop(stream.stream_id, None)
         self._blocked.discard(stream)
+        if not self._streams:
+            self._idle.unpark_all()
+
+    async def wait_idle(self) -> None:
+        """Return once no stream is open (at once if none is)."""
+        while self._streams and not self.terminated.is_set():
+            await self._idle.park()
 
     # --- facts for the node --------------------------------------------------
 
