@@ -36,6 +36,7 @@ from .peerstore import PeerStore
 from .stun import NodeStun
 from .transport import DialError, Endpoint, PeerConnection
 from .transport.connection import CLOSE_REPLACED
+from .transport.endpoint import VIRTUAL_HOST
 from .rpc import InvalidArgument, RpcError, Unavailable
 
 log = logging.getLogger("meshd.node")
@@ -93,8 +94,8 @@ class Node:
         peer = conn.peer_id
         old = self._conns.get(peer)
         if old is not None and old is not conn:
-            if old.path == "relayed" and conn.path == "direct":
-                conn.path = "punched"  # a direct path found while relayed: hole punching worked
+            if old.path != "direct" and conn.path == "direct":
+                conn.path = "punched"  # found while relayed (or racing a punched one): punching worked
             keep, drop = self._pick(old, conn)
             self._nursery.start_soon(self._retire, drop)
             if keep is old:
@@ -115,7 +116,12 @@ class Node:
         conn.close(CLOSE_REPLACED, "replaced by another connection to the same peer")
 
     def _pick(self, old: PeerConnection, new: PeerConnection) -> tuple[PeerConnection, PeerConnection]:
-        """(keep, drop) for two connections to one peer, the same choice on both sides."""
+        """(keep, drop) for two connections to one peer, the same choice on both sides.
+
+        A path without a relay beats a relayed one; otherwise see the module docstring.
+        """
+        if (old.path == "relayed") != (new.path == "relayed"):
+            return (old, new) if new.path == "relayed" else (new, old)
         racing = new.created_at - old.created_at < _RACE_WINDOW and old.dialed != new.dialed
         if not racing:
             return new, old
@@ -237,6 +243,10 @@ class Node:
         log.info("disconnected from %s", peer)
         return True
 
+    async def wait_connection_change(self, peer: PeerId) -> None:
+        """Return when the next connection to ``peer`` is registered (a new or better path)."""
+        await self._connected_events.setdefault(peer, trio.Event()).wait()
+
     async def wait_connected(self, peer: PeerId) -> None:
         """Return once a connection to ``peer`` is up (whoever dialed)."""
         while peer not in self._conns:
@@ -248,11 +258,11 @@ class Node:
         return [
             {
                 "peer_id": str(peer),
-                "address": _hostport(conn.remote_addr) if conn.path != "relayed" else "relayed",
+                "address": _hostport(conn.remote_addr) if _direct_address(conn) else conn.path,
                 "path": conn.path,
                 "direction": "out" if conn.dialed else "in",
                 "rtt_ms": _ms(conn.rtt),
-                "connected_s": round(now - conn.created_at, 1),
+                "connected_s": round(now - conn.created_at, 3),
                 "streams": conn.open_streams,
             }
             for peer, conn in sorted(self._conns.items(), key=lambda kv: str(kv[0]))
@@ -386,8 +396,8 @@ def _hostport(addr: tuple) -> str:
 
 
 def _direct_address(conn: PeerConnection) -> tuple | None:
-    """The peer's UDP address, or None for a relayed connection (it has none)."""
-    return None if conn.path == "relayed" else conn.remote_addr
+    """The peer's address on our UDP socket, or None over a virtual path (relay, extra socket)."""
+    return None if conn.remote_addr[0] == VIRTUAL_HOST else conn.remote_addr
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from nat.behaviour import Mapping
 from nat.stun import binding_request
 
 from .address import AddressError, HostPort
 from .identity import PeerId
+from .portprobe import HARD, PortProber
 from .rpc import InvalidArgument, RpcError
 from .transport import DialError, PeerConnection
 
@@ -48,6 +50,7 @@ class HolePuncher:
 
     def __init__(self, node: "Node"):
         self._node = node
+        self._prober = PortProber(node)
         node.rpc.register("punch.exchange", self._serve_exchange)
 
     def public_addresses(self) -> list[str]:
@@ -63,13 +66,16 @@ class HolePuncher:
             raise InvalidArgument("hole punching is asked for over a relayed connection")
         theirs = _addresses(arg)
         self._node._nursery.start_soon(self._attempt, ctx.peer, theirs)
-        return {"addrs": self.public_addresses()}
+        return {"addrs": self.public_addresses(), "mapping": self._prober.my_mapping().value}
 
     async def punch(self, peer: PeerId) -> PeerConnection | None:
         """Try to replace the relayed connection to ``peer`` with a direct one.
 
-        Returns the direct connection (path "punched"), or None after
-        ``TRIES`` failed attempts.
+        The two sides' mapping kinds choose the method: crossing bursts and
+        dials when at most one side is symmetric and the other has no NAT (or
+        neither is symmetric), port-prediction probing when a symmetric NAT
+        meets an endpoint-independent one, nothing when both are symmetric.
+        Returns the direct connection (path "punched"), or None.
         """
         if not self._node.stun.reflexive:
             await self._node.stun.discover(self._node.stun_servers())
@@ -82,14 +88,20 @@ class HolePuncher:
             except RpcError as exc:
                 log.info("punch %s: exchange failed: %s", peer, exc)
                 return None
-            rtt = trio.current_time() - start
-            await trio.sleep(rtt / 2)  # N started its burst when it answered
-            conn = await self._attempt(peer, _addresses(reply))
+            theirs = _addresses(reply)
+            method = _method(self._prober.my_mapping(), _mapping(reply))
+            if method is None or not theirs:
+                log.info("punch %s: both sides symmetric (or no address): staying relayed", peer)
+                return None
+            if method == "probe":
+                return await self._prober.run(peer, _mapping(reply), theirs[0])
+            await trio.sleep((trio.current_time() - start) / 2)  # N began when it answered
+            conn = await self._attempt(peer, theirs)
             if conn is not None:
-                return conn
+                conn.path = "punched"
             current = self._node._conns.get(peer)
-            if current is not None and current.path == "punched":
-                return current  # N's dial towards us got through first
+            if current is not None and current.path != "relayed":
+                return current  # ours, or N's dial towards us if the two crossed
             log.info("punch %s: try %d of %d failed", peer, attempt, TRIES)
         return None
 
@@ -99,15 +111,30 @@ class HolePuncher:
         Both sides run this, so whichever NAT lets the other in first decides,
         and a public peer is reached whatever NAT the other side has.
         """
+        won: list[PeerConnection] = []
+
+        async def dial(hostport: HostPort, scope: trio.CancelScope) -> None:
+            conn = await self._dial(peer, hostport)
+            if conn is not None:
+                won.append(conn)
+                log.info("punched through to %s at %s", peer, hostport)
+                scope.cancel()
+
+        async def other_side_won(scope: trio.CancelScope) -> None:
+            while True:  # the peer's dial towards us may get through first
+                current = self._node._conns.get(peer)
+                if current is not None and current.path != "relayed":
+                    scope.cancel()
+                await self._node.wait_connection_change(peer)
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._burst, addresses)
-            for hostport in addresses:
-                conn = await self._dial(peer, hostport)
-                if conn is not None:
-                    nursery.cancel_scope.cancel()
-                    log.info("punched through to %s at %s", peer, hostport)
-                    return conn
-        return None
+            nursery.start_soon(other_side_won, nursery.cancel_scope)
+            async with trio.open_nursery() as dials:
+                for hostport in addresses:
+                    dials.start_soon(dial, hostport, dials.cancel_scope)
+            nursery.cancel_scope.cancel()
+        return won[0] if won else None
 
     async def _dial(self, peer: PeerId, hostport: HostPort) -> PeerConnection | None:
         try:
@@ -129,6 +156,23 @@ class HolePuncher:
             for target in targets:
                 endpoint.send_datagram(binding_request().encode(), target)
             await trio.sleep(BURST_GAP)
+
+
+def _mapping(reply: object) -> Mapping:
+    try:
+        return Mapping(reply.get("mapping")) if isinstance(reply, dict) else Mapping.UNKNOWN
+    except ValueError:
+        return Mapping.UNKNOWN
+
+
+def _method(mine: Mapping, theirs: Mapping) -> str | None:
+    """"punch", "probe", or None (no method can work) for these two mapping kinds."""
+    hard = (mine in HARD) + (theirs in HARD)
+    if hard == 2:
+        return None
+    if hard == 1 and Mapping.ENDPOINT_INDEPENDENT in (mine, theirs):
+        return "probe"
+    return "punch"
 
 
 def _addresses(arg: object) -> list[HostPort]:

@@ -29,7 +29,7 @@ from .config import RelayConfig
 from .identity import PeerId, PeerIdError
 from .rpc import Channel, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable
 from .streams import StreamAborted
-from .transport import DialError, PeerConnection
+from .transport import DialError, PeerConnection, set_when_terminated
 
 if TYPE_CHECKING:
     from .node import Node
@@ -153,7 +153,7 @@ class Relay:
         except BaseException:
             stop.set()
             raise
-        self._node._nursery.start_soon(_set_when_closed, conn, stop)
+        self._node._nursery.start_soon(set_when_terminated, conn, stop)
         return conn
 
     async def _run_circuit(self, relay: PeerId, target: PeerId, ready: trio.MemorySendChannel,
@@ -201,11 +201,6 @@ class Relay:
                 nursery.cancel_scope.cancel()
         finally:
             endpoint.detach_path(addr)
-
-
-async def _set_when_closed(conn: PeerConnection, stop: trio.Event) -> None:
-    await conn.terminated.wait()
-    stop.set()
 
 
 async def _pump_out(queued: trio.MemoryReceiveChannel, channel: Channel, scope: trio.CancelScope) -> None:

@@ -3,9 +3,10 @@
 Each node starts knowing only the bootstrap node's address.  The bootstrap
 node relays; a second public node is the other STUN server.  A call to a
 PeerId with no known address goes through the bootstrap relay, then hole
-punching tries for a direct path.  The issue's expectation: direct (dialed or
-punched) for public with anything and home with home; relayed for symmetric
-with symmetric.  RPC must work both ways for every pair.
+punching tries for a direct path, and port-prediction probing where one side
+is symmetric and the other not.  Expected: direct (dialed or punched) for
+every pair but symmetric with symmetric, which stays relayed.  RPC must work
+both ways for every pair.
 """
 
 import pytest
@@ -21,8 +22,8 @@ EXPECTED = {
     ("home", "home"): DIRECT,
     ("public", "symmetric"): DIRECT,
     ("symmetric", "public"): DIRECT,
-    ("home", "symmetric"): DIRECT | {"relayed"},
-    ("symmetric", "home"): DIRECT | {"relayed"},
+    ("home", "symmetric"): DIRECT,  # by port-prediction probing (fails ~0.03 % of the time)
+    ("symmetric", "home"): DIRECT,
     ("symmetric", "symmetric"): {"relayed"},
 }
 

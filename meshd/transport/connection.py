@@ -406,3 +406,9 @@ def _close_reason(code: int, peer: PeerId | None) -> str:
         # an application close during the handshake is sent without its reason (RFC 9000 10.2.3)
         return "peer refused the connection (at its connection limit, or shutting down)"
     return f"closed by peer (code {code:#x})"
+
+
+async def set_when_terminated(conn: PeerConnection, event: trio.Event) -> None:
+    """Set ``event`` once ``conn`` has terminated (to tie a helper's lifetime to it)."""
+    await conn.terminated.wait()
+    event.set()

@@ -220,7 +220,7 @@ class Endpoint:
             keepalive_interval=cfg.keepalive_interval,
         )
         if addr[0] == VIRTUAL_HOST:
-            conn.path = "relayed"
+            conn.path = addr[2]
         self._cids[conn] = set()
         self.route_cid(quic.host_cid, conn)
         self._nursery.start_soon(self._run_connection, conn)
@@ -294,14 +294,14 @@ class Endpoint:
 
     # --- virtual paths (relayed connections) ----------------------------------
 
-    def attach_path(self, send: Callable[[bytes], None]) -> tuple:
+    def attach_path(self, send: Callable[[bytes], None], label: str = "relayed") -> tuple:
         """A virtual network address whose datagrams go to ``send`` instead of the socket.
 
         QUIC connections over it (dialed with ``dial_path``, or accepted when an
         Initial arrives through ``path_datagram_received``) are ordinary
-        authenticated connections whose ``path`` is "relayed".
+        authenticated connections whose ``path`` is ``label``.
         """
-        addr = (VIRTUAL_HOST, next(self._path_ids))
+        addr = (VIRTUAL_HOST, next(self._path_ids), label)
         self._paths[addr] = send
         return addr
 
