@@ -102,7 +102,25 @@ async def test_a_circuit_ends_at_its_byte_limit(tmp_path):
             with pytest.raises(meshd.RpcError):
                 await x.rpc.call(n.peer_id, "echo", b"z" * (1 << 20), timeout=10)
             await conn.terminated.wait()  # the relay cut the circuit; the connection died with it
-        assert r.relay.reservations[n.peer_id].circuits == 0
+            assert r.relay.reservations[n.peer_id].circuits == 0
+            # and the peers reconnect through a new circuit
+            await x.relay.dial_via(r.peer_id, n.peer_id)
+            assert (await x.rpc.call(n.peer_id, "echo", "again"))["arg"] == "again"
+
+
+async def test_a_circuit_ends_at_its_time_limit(tmp_path):
+    config = relay_config(circuit_seconds=0.5)
+    async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=config) as r, \
+            meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
+            meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
+        await n.connect(r.address)
+        await n.relay.reserve(r.peer_id)
+        await x.connect(r.address)
+        with trio.fail_after(20):
+            conn = await x.relay.dial_via(r.peer_id, n.peer_id)
+            start = trio.current_time()
+            await conn.terminated.wait()
+        assert 0.4 < trio.current_time() - start < 5
 
 
 async def test_the_control_socket_reserves_and_connects_through_a_relay(tmp_path):
