@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 DEFAULT_DATA_DIR = "~/.meshd"
 
@@ -25,7 +26,7 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("MESHD_DATA_DIR", DEFAULT_DATA_DIR)).expanduser()
 
 
-def fail(prog: str, message: str, code: int = 1) -> "NoReturn":  # noqa: F821
+def fail(prog: str, message: str, code: int = 1) -> NoReturn:
     """Print one line to stderr and exit with ``code``."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(code)

@@ -128,7 +128,7 @@ async def test_the_control_socket_reserves_and_connects_through_a_relay(tmp_path
     no_punching.nat.hole_punching = False  # on loopback it would succeed and replace the circuit
     async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=relay_config()) as r, \
             meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
-            meshd.open_node(tmp_path / "x", listen="127.0.0.1:0", config=no_punching) as x:
+            meshd.open_node(tmp_path / "x", listen="127.0.0.1:0", config=no_punching):
         async with meshd.connect(tmp_path / "n") as nctl, meshd.connect(tmp_path / "x") as xctl:
             await nctl.connect(str(r.address))
             status = await nctl.relay(reserve=str(r.peer_id))

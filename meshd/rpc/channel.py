@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import trio
 
-from ..streams import StreamAborted
-from ..wire import FrameError
 from . import protocol as P
-from .errors import ProtocolViolation, Unavailable, error_from_wire
+from .errors import ProtocolViolation
 from .framed import Framed
 
 
@@ -45,21 +43,12 @@ class Channel:
         On the caller's side a server failure raises its RpcError and a lost
         stream Unavailable.
         """
-        try:
-            ok, frame = await self._framed.read()
-        except StreamAborted as exc:
-            raise Unavailable(f"bidi stream lost: {exc}") from None
-        except FrameError as exc:
-            raise ProtocolViolation(str(exc)) from None
-        if not ok:
-            raise Unavailable("peer ended the stream without END")
-        kind, value = P.parse_frame(frame)
+        kind, value = await self._framed.read_answer("peer ended the stream without END",
+                                                      errors=self._caller)
         if kind == P.ITEM:
             return value
         if kind == P.END:
             raise trio.EndOfChannel
-        if kind == P.ERROR and self._caller:
-            raise error_from_wire(*value)
         raise ProtocolViolation(f"unexpected frame type {kind} in a bidi call")
 
     def __aiter__(self) -> "Channel":

@@ -25,7 +25,6 @@ from .errors import (
     FrameTooLargeError,
     ProtocolViolation,
     Unavailable,
-    error_from_wire,
 )
 from .channel import Channel
 from .framed import Framed
@@ -53,14 +52,9 @@ def _translate(exc: Exception) -> Exception:
 
 
 async def _read_reply(framed: Framed) -> object:
-    ok, frame = await framed.read()
-    if not ok:
-        raise Unavailable("peer ended the call without a reply")
-    kind, value = P.parse_frame(frame)
+    kind, value = await framed.read_answer("peer ended the call without a reply")
     if kind == P.REPLY:
         return value
-    if kind == P.ERROR:
-        raise error_from_wire(*value)
     raise ProtocolViolation(f"expected a reply, got frame type {kind}")
 
 
@@ -180,20 +174,15 @@ class ResponseStream:
                     P.request_frame(self._method, wire_timeout, P.SERVER_STREAM, self._arg),
                     eof=True,
                 )
-            ok, frame = await self._framed.read()
         except (StreamAborted, FrameError) as exc:
             raise _translate(exc) from None
-        if not ok:
-            raise Unavailable("peer ended the stream without END")
-        kind, value = P.parse_frame(frame)
+        kind, value = await self._framed.read_answer("peer ended the stream without END")
         if kind == P.ITEM:
             return value
         if kind == P.END:
             self._done = True
             await self._framed.stream.close()
             raise StopAsyncIteration
-        if kind == P.ERROR:
-            raise error_from_wire(*value)
         raise ProtocolViolation(f"expected an item, got frame type {kind}")
 
     async def aclose(self) -> None:

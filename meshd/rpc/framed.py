@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from ..streams import CallStream
-from ..wire import FrameDecoder, FrameError, frame_parts
+from ..streams import CallStream, StreamAborted
+from ..wire import FrameDecoder, FrameError, FrameTooLarge, frame_parts
+from . import protocol as P
+from .errors import FrameTooLargeError, ProtocolViolation, Unavailable, error_from_wire
 
 
 _SEPARATE_BODY = 64 << 10
@@ -36,6 +38,28 @@ class Framed:
                     raise FrameError("stream ended in the middle of a frame")
                 return False, None
             decoder.feed(data)
+
+    async def read_answer(self, ended: str, *, errors: bool = True) -> tuple[int, object]:
+        """The peer's next frame as ``(type, payload)``, failures as RpcErrors.
+
+        A lost stream raises Unavailable, a bad frame ProtocolViolation or
+        FrameTooLargeError, an end of stream Unavailable(``ended``), and with
+        ``errors`` an ERROR frame the error it carries.
+        """
+        try:
+            ok, frame = await self.read()
+        except StreamAborted as exc:
+            raise Unavailable(f"connection lost during the call: {exc}") from None
+        except FrameTooLarge as exc:
+            raise FrameTooLargeError(str(exc)) from None
+        except FrameError as exc:
+            raise ProtocolViolation(f"bad frame from peer: {exc}") from None
+        if not ok:
+            raise Unavailable(ended)
+        kind, value = P.parse_frame(frame)
+        if kind == P.ERROR and errors:
+            raise error_from_wire(*value)
+        return kind, value
 
     async def write(self, value: object, *, eof: bool = False) -> None:
         """Send one frame (and with ``eof``, end our side after it).
