@@ -34,7 +34,7 @@ from nat.stun import binding_request
 
 from .address import AddressError, HostPort
 from .identity import PeerId
-from .rpc import InvalidArgument, RpcError
+from .rpc import InvalidArgument, ResourceExhausted, RpcError
 from .transport import DialError, PeerConnection, set_when_terminated
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ PROBE_BATCH = 64  # probes sent between two short pauses
 PROBE_GAP = 0.005
 HIT_WAIT = 5.0  # seconds the hard side listens for a probe
 DIAL_TIMEOUT = 5.0
+ASK_INTERVAL = 30.0  # seconds between probing requests served for one peer
 
 EASY = {Mapping.NO_NAT, Mapping.ENDPOINT_INDEPENDENT}
 HARD = {Mapping.ENDPOINT_DEPENDENT, Mapping.ADDRESS_DEPENDENT, Mapping.ADDRESS_AND_PORT_DEPENDENT}
@@ -58,8 +59,23 @@ class PortProber:
 
     def __init__(self, node: "Node"):
         self._node = node
+        self._last_asked: dict[PeerId, float] = {}
         node.rpc.register("punch.open_ports", self._serve_open_ports)
         node.rpc.register("punch.probe", self._serve_probe)
+
+    def _admit(self, ctx) -> None:
+        """Serve only peers we reach through a relay, once per ``ASK_INTERVAL`` each.
+
+        Both requests make us send hundreds of packets: they must not become a
+        way to aim traffic at others.
+        """
+        if ctx.info.get("path") != "relayed":
+            raise InvalidArgument("port probing is asked for over a relayed connection")
+        now = trio.current_time()
+        last = self._last_asked.get(ctx.peer)
+        if last is not None and now - last < ASK_INTERVAL:
+            raise ResourceExhausted(f"one port-probing request per {ASK_INTERVAL:g} s")
+        self._last_asked[ctx.peer] = now
 
     def my_mapping(self) -> Mapping:
         report = self._node.stun.mapping
@@ -98,6 +114,7 @@ class PortProber:
     # --- hard side -------------------------------------------------------------
 
     async def _serve_open_ports(self, arg: object, ctx) -> None:
+        self._admit(ctx)
         easy = _hostport(arg, "addr")
         sockets = self._open_ports(easy)  # before we answer: the probes come right after
         self._node._nursery.start_soon(self._dial_on_hit, ctx.peer, sockets, easy)
@@ -150,6 +167,7 @@ class PortProber:
     # --- easy side -------------------------------------------------------------
 
     async def _serve_probe(self, arg: object, ctx) -> None:
+        self._admit(ctx)
         if not isinstance(arg, dict) or not isinstance(arg.get("ip"), str):
             raise InvalidArgument('expected {"ip": HARD_SIDE_PUBLIC_IP}')
         self._node._nursery.start_soon(self._probe, arg["ip"])

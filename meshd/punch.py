@@ -62,6 +62,8 @@ class HolePuncher:
         return seen[:_MAX_ADDRS]
 
     async def _serve_exchange(self, arg: object, ctx) -> dict:
+        # Only peers we reach through a relay may ask, so a burst (at most
+        # BURST x _MAX_ADDRS packets) is never aimed at a stranger's behalf.
         if ctx.info.get("path") != "relayed":
             raise InvalidArgument("hole punching is asked for over a relayed connection")
         theirs = _addresses(arg)

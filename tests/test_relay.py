@@ -162,3 +162,14 @@ async def test_a_relayed_peer_that_is_reachable_gets_a_punched_direct_path(tmp_p
         assert x._conns[n.peer_id] is direct
         with trio.fail_after(10):
             assert (await x.rpc.call(n.peer_id, "echo", "direct"))["path"] == "punched"
+
+
+async def test_punching_requests_are_refused_off_a_relay(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
+        await b.connect(a.address)
+        for method, arg in (("punch.exchange", {"addrs": ["192.0.2.1:9"]}),
+                            ("punch.probe", {"ip": "192.0.2.1"}),
+                            ("punch.open_ports", {"addr": "192.0.2.1:9"})):
+            with pytest.raises(meshd.InvalidArgument, match="over a relayed connection"):
+                await b.rpc.call(a.peer_id, method, arg)
