@@ -46,6 +46,7 @@ class PeersConfig:
 class NatConfig:
     stun_servers: list[str] = field(default_factory=list)  # HOST:PORT, asked at start
     hole_punching: bool = True  # after a relayed connection, try for a direct one
+    port_mapping: bool = True  # NAT-PMP on the default gateway, when listening on 0.0.0.0
 
 
 @dataclass

@@ -26,6 +26,7 @@ import trio
 from ._version import __version__
 from .address import AddressError, HostPort, PeerAddr
 from .autonat import AutoNat
+from .portmap import PortMapper
 from .punch import HolePuncher
 from .relay import Relay
 from .config import Config
@@ -73,6 +74,7 @@ class Node:
         self.autonat = AutoNat(self)
         self.relay = Relay(self, config.relay)
         self.puncher = HolePuncher(self)
+        self.portmap = PortMapper(self.endpoint)
 
     # --- addresses -------------------------------------------------------------
 
@@ -301,6 +303,7 @@ class Node:
             "public_addresses": [str(HostPort(*a)) for a in report.public_addresses] if report else [],
             "stun_servers": list(self.config.nat.stun_servers),
             "stun_answered": self.endpoint.stats["stun_answered"],
+            "port_mapping": self.portmap.status(),
             "reachability": self.autonat.status,
             "reachability_address": self.autonat.address,
             "reachability_via": self.autonat.via,
@@ -365,6 +368,8 @@ class Node:
             host_port = HostPort.parse(self.config.node.listen, allow_zero_port=True)
             await nursery.start(self.endpoint.serve, host_port.host, host_port.port)
             await nursery.start(serve_control, self)
+            if self.config.nat.port_mapping and host_port.host == "0.0.0.0":
+                nursery.start_soon(self.portmap.run)
             stun_servers = [HostPort.parse(text) for text in self.config.nat.stun_servers]
             if stun_servers:
                 nursery.start_soon(self.stun.discover, stun_servers)

@@ -55,7 +55,9 @@ class HolePuncher:
 
     def public_addresses(self) -> list[str]:
         """Where others may reach our socket: STUN's reflexive addresses, then our listen address."""
-        seen = list(dict.fromkeys(self._node.stun.reflexive.values()))
+        mapped = self._node.portmap.mapped
+        seen = ([str(mapped)] if mapped else []) + list(self._node.stun.reflexive.values())
+        seen = list(dict.fromkeys(seen))
         listen = str(self._node.listen_address)
         if not listen.startswith(("0.0.0.0", "[::]")):
             seen.append(listen)
