@@ -100,6 +100,11 @@ async def cmd_nat(client: meshd.Client, args) -> object:
         if result["reachability_via"]:
             reach += f" ({result['reachability_address']} dialed by {result['reachability_via'][:10]}...)"
         table.add_row("reachability", reach)
+        table.add_row("filtering", result["filtering"] or "- (meshctl nat --autonat)")
+        hairpin = result["hairpinning"]
+        table.add_row("hairpinning", "-" if hairpin is None else ("yes" if hairpin else "no"))
+        for relay, left in result["relay_reservations"].items():
+            table.add_row(f"relay reservation at {relay[:10]}...", f"{left} s left")
         table.add_row("STUN requests answered", str(result["stun_answered"]))
         console.print(table)
 

@@ -307,6 +307,9 @@ class Node:
             "reachability": self.autonat.status,
             "reachability_address": self.autonat.address,
             "reachability_via": self.autonat.via,
+            "filtering": _FILTERING[self.autonat.status],
+            "hairpinning": self.stun.hairpinning,
+            "relay_reservations": self.relay.status()["reserved_at"],
         }
 
     def stun_servers(self) -> list[HostPort]:
@@ -398,6 +401,14 @@ def _hostport(addr: tuple) -> str:
     if host.startswith("::ffff:"):
         host = host[7:]
     return str(HostPort(host, addr[1]))
+
+
+# What AutoNAT's third-party dial-back says about the NAT's filtering (RFC 4787 terms).
+_FILTERING = {
+    "public": "endpoint-independent (strangers reach us)",
+    "private": "address-dependent or stricter",
+    "unknown": None,
+}
 
 
 def _direct_address(conn: PeerConnection) -> tuple | None:

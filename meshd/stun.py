@@ -13,7 +13,7 @@ import socket
 
 import trio
 
-from nat.behaviour import MappingReport, classify_mapping
+from nat.behaviour import Mapping, MappingReport, classify_mapping
 from nat.stun_client import StunClient, StunFailure
 from nat.stun_server import answer
 
@@ -21,6 +21,8 @@ from .address import HostPort
 from .transport import DialError, Endpoint
 
 log = logging.getLogger("meshd.stun")
+
+HAIRPIN_WAIT = 1.0  # seconds; an answer to ourselves comes back at once or not at all
 
 
 def _plain(addr: tuple) -> tuple[str, int]:
@@ -37,6 +39,7 @@ class NodeStun:
         self.client = StunClient(endpoint.send_datagram)
         self.reflexive: dict[str, str] = {}  # server HOST:PORT -> our HOST:PORT as it saw us
         self.mapping: MappingReport | None = None
+        self.hairpinning: bool | None = None  # can we reach our own public address?
         endpoint.stun_hook = self._datagram_received
 
     def _datagram_received(self, data: bytes, source: tuple) -> None:
@@ -84,7 +87,21 @@ class NodeStun:
             for server in servers:
                 nursery.start_soon(one, server)
         self.mapping = classify_mapping(self._local_address(servers), observations)
+        if self.mapping.mapping != Mapping.NO_NAT and self.mapping.public_addresses:
+            await self._check_hairpinning(self.mapping.public_addresses[0])
         return self.mapping
+
+    async def _check_hairpinning(self, public: tuple[str, int]) -> None:
+        """Send a Binding request to our own public address: does the NAT turn it back in?"""
+        try:
+            target = await self._endpoint.resolve(*public)
+        except DialError:
+            return
+        with trio.move_on_after(HAIRPIN_WAIT):
+            await self.client.binding(target)
+            self.hairpinning = True
+            return
+        self.hairpinning = False
 
     def _local_address(self, servers: list[HostPort]) -> tuple[str, int]:
         """Our socket's address; for a wildcard bind, the source IP the route to a server uses."""

@@ -65,3 +65,25 @@ def test_pair_connects_by_peer_id_and_calls_both_ways(natlab, tmp_path, kinds): 
     # and calls still work both ways on whatever path is in use
     assert a.meshctl("call", b.peer_id, "ping", '"again"', timeout=60) == "again"
     assert b.meshctl("call", a.peer_id, "ping", '"again"', timeout=60) == "again"
+
+
+def test_nat_facts_behind_a_home_router_and_on_a_public_host(natlab, tmp_path):  # noqa: F811
+    lab = natlab
+    relay = lab.public_host("relay").daemon(tmp_path / "relay", config={"relay": {"enabled": True}})
+    helper = lab.public_host("helper").daemon(tmp_path / "helper", bootstrap=[relay.dial_address])
+    config = {"nat": {"stun_servers": [relay.udp_address, helper.udp_address]}}
+    home = lab.nat_host("home", "home").daemon(tmp_path / "home", bootstrap=[relay.dial_address], config=config)
+    public = lab.public_host("pub").daemon(tmp_path / "pub", bootstrap=[relay.dial_address], config=config)
+    wait_until(lambda: len(relay.meshctl("peers")) == 3, 20, "the relay to know all three")
+
+    facts = home.meshctl("nat", "--discover", "--autonat", timeout=60)
+    assert facts["mapping"] == "endpoint-independent" and facts["port_preserved"] is True
+    assert facts["hairpinning"] is False  # plain masquerade does not turn packets back in
+    assert facts["reachability"] == "private"  # the helper's dial-back was filtered
+    assert facts["filtering"] == "address-dependent or stricter"
+    assert relay.peer_id in facts["relay_reservations"]
+
+    facts = public.meshctl("nat", "--discover", "--autonat", timeout=60)
+    assert facts["mapping"] == "no NAT"
+    assert facts["reachability"] == "public"
+    assert facts["filtering"].startswith("endpoint-independent")
