@@ -1,10 +1,11 @@
 """AutoNAT: can strangers reach this node?  Asked of peers, answered by a third one.
 
 A node N asks a connected peer A (``autonat.request``).  A picks another of
-its peers, B, that has no connection to N, and asks it (``autonat.dial_back``)
-to open a fresh QUIC connection to the address A sees N at.  B has never sent
-to N, so N's NAT has no mapping or filter entry for B: the dial succeeds only
-if N is reachable by anyone.  A reports the outcome to N.
+its peers, B, and asks it (``autonat.dial_back``) to open a fresh QUIC
+connection to the address A sees N at.  B refuses if it is connected to N or
+answered STUN requests from that address lately, so N's NAT holds no filter
+entry for B: the dial succeeds only if N is reachable by anyone.  A reports
+the outcome to N.
 
 Only the address A itself observed is dialed, never one N names, so the
 service cannot be used to aim traffic at third parties; each requester may
@@ -114,6 +115,8 @@ class AutoNat:
             hostport = HostPort.parse(arg["addr"])
         except AddressError as exc:
             raise InvalidArgument(str(exc)) from None
+        if self._node.stun.asked_recently((hostport.host, hostport.port)):
+            raise ResourceExhausted("that address sent us STUN requests lately: a dial-back would prove nothing")
         try:
             conn = await self._node.endpoint.dial(hostport.host, hostport.port, target, timeout=DIAL_TIMEOUT)
         except DialError as exc:

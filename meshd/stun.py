@@ -23,6 +23,8 @@ from .transport import DialError, Endpoint
 log = logging.getLogger("meshd.stun")
 
 HAIRPIN_WAIT = 1.0  # seconds; an answer to ourselves comes back at once or not at all
+RECENT_CLIENT = 180.0  # seconds a NAT may keep a filter entry open after a STUN exchange
+_MAX_CLIENTS = 4096
 
 
 def _plain(addr: tuple) -> tuple[str, int]:
@@ -40,6 +42,7 @@ class NodeStun:
         self.reflexive: dict[str, str] = {}  # server HOST:PORT -> our HOST:PORT as it saw us
         self.mapping: MappingReport | None = None
         self.hairpinning: bool | None = None  # can we reach our own public address?
+        self._recent_clients: dict[tuple[str, int], float] = {}  # STUN clients we answered, when
         endpoint.stun_hook = self._datagram_received
 
     def _datagram_received(self, data: bytes, source: tuple) -> None:
@@ -51,6 +54,18 @@ class NodeStun:
         else:
             self._endpoint.send_datagram(reply, source)
             self._endpoint.stats["stun_answered"] += 1
+            self._remember_client(_plain(source))
+
+    def _remember_client(self, address: tuple[str, int]) -> None:
+        if len(self._recent_clients) >= _MAX_CLIENTS:
+            self._recent_clients.pop(next(iter(self._recent_clients)))
+        self._recent_clients.pop(address, None)
+        self._recent_clients[address] = trio.current_time()
+
+    def asked_recently(self, address: tuple[str, int]) -> bool:
+        """Whether ``address`` sent us a STUN request lately (its NAT would let us in)."""
+        when = self._recent_clients.get(address)
+        return when is not None and trio.current_time() - when < RECENT_CLIENT
 
     async def query(self, server: HostPort, timeout: float = 10.0) -> str:
         """Our reflexive address as ``server`` sees it (HOST:PORT), remembered.
