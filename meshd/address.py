@@ -92,3 +92,10 @@ class PeerAddr:
 
     def __str__(self) -> str:
         return f"{self.peer_id}@{self.hostport}"
+
+
+def plain_address(addr: tuple) -> tuple[str, int]:
+    """(host, port) of a socket address, with an IPv4-mapped IPv6 host (what a
+    dual-stack socket reports for IPv4 peers) turned back into IPv4."""
+    host = addr[0]
+    return (host[7:] if host.startswith("::ffff:") else host), addr[1]

@@ -3,13 +3,13 @@
 A node N asks a connected peer A (``autonat.request``).  A picks another of
 its peers, B, and asks it (``autonat.dial_back``) to open a fresh QUIC
 connection to the address A sees N at.  B refuses if it is connected to N or
-answered STUN requests from that address lately, so N's NAT holds no filter
-entry for B: the dial succeeds only if N is reachable by anyone.  A reports
+exchanged packets with that address lately (a connection, or STUN), so N's
+NAT holds no filter entry for B: the dial succeeds only if N is reachable by anyone.  A reports
 the outcome to N.
 
 Only the address A itself observed is dialed, never one N names, so the
-service cannot be used to aim traffic at third parties; each requester may
-ask once per ``REQUEST_INTERVAL``.
+service cannot be used to aim traffic at third parties; each requester gets
+one dial-back per ``REQUEST_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .address import AddressError, HostPort
+from .address import AddressError, HostPort, plain_address
 from .identity import PeerId, PeerIdError
 from .rpc import InvalidArgument, NotFound, ResourceExhausted, RpcError
 from .transport import DialError
@@ -33,6 +33,7 @@ log = logging.getLogger("meshd.autonat")
 REQUEST_INTERVAL = 10.0  # seconds between requests from one peer
 DIAL_TIMEOUT = 5.0
 _MAX_HELPERS = 3  # third peers tried per request
+_VERDICT_TRIES = 8  # checks (backing off 1 s .. 60 s) before waiting for an address change
 
 
 class AutoNat:
@@ -71,6 +72,18 @@ class AutoNat:
                 return self.status
         return self.status
 
+    async def keep_checking(self) -> None:
+        """Check until there is a verdict (backing off), then again whenever STUN
+        reports a public address we had not seen."""
+        while True:
+            delay = 1.0
+            for _ in range(_VERDICT_TRIES):
+                if await self.check() != "unknown":
+                    break
+                await trio.sleep(delay)  # peers, or a third peer for them, may still be coming
+                delay = min(delay * 2, 60.0)
+            await self._node.stun.address_changed.park()
+
     # --- the asked node (A) ----------------------------------------------------
 
     async def _serve_request(self, arg: object, ctx) -> dict:
@@ -79,12 +92,10 @@ class AutoNat:
         last = self._last_request.get(requester)
         if last is not None and now - last < REQUEST_INTERVAL:
             raise ResourceExhausted(f"one AutoNAT request per {REQUEST_INTERVAL:g} s")
-        self._last_request[requester] = now
         observed = ctx.info.get("remote")
         if observed is None:
             raise InvalidArgument("no observed address for this caller")
-        host = observed[0][7:] if observed[0].startswith("::ffff:") else observed[0]
-        address = str(HostPort(host, observed[1]))
+        address = str(HostPort(*plain_address(observed)))
         helpers = [p for p in self._node._conns if p != requester]
         random.shuffle(helpers)
         for helper in helpers[:_MAX_HELPERS]:
@@ -97,6 +108,7 @@ class AutoNat:
                 log.debug("autonat helper %s: %s", helper, exc)
                 continue
             if isinstance(result, dict) and isinstance(result.get("reachable"), bool):
+                self._last_request[requester] = now  # only a dial made counts against the budget
                 return {"reachable": result["reachable"], "address": address, "via": str(helper)}
         raise NotFound("no third peer could dial back")
 
@@ -115,8 +127,8 @@ class AutoNat:
             hostport = HostPort.parse(arg["addr"])
         except AddressError as exc:
             raise InvalidArgument(str(exc)) from None
-        if self._node.stun.asked_recently((hostport.host, hostport.port)):
-            raise ResourceExhausted("that address sent us STUN requests lately: a dial-back would prove nothing")
+        if self._node.talked_to_recently((hostport.host, hostport.port)):
+            raise ResourceExhausted("we exchanged packets with that address lately: a dial-back would prove nothing")
         try:
             conn = await self._node.endpoint.dial(hostport.host, hostport.port, target, timeout=DIAL_TIMEOUT)
         except DialError as exc:

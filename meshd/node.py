@@ -24,7 +24,7 @@ from typing import AsyncIterator
 import trio
 
 from ._version import __version__
-from .address import AddressError, HostPort, PeerAddr
+from .address import AddressError, HostPort, PeerAddr, plain_address
 from .autonat import AutoNat
 from .portmap import PortMapper
 from .punch import HolePuncher
@@ -44,6 +44,8 @@ log = logging.getLogger("meshd.node")
 
 _RACE_WINDOW = 10.0  # seconds within which two connections to one peer count as a race
 _RETIRE_GRACE = 30.0  # seconds a replaced connection may finish its calls
+RECENT_CONTACT = 180.0  # seconds a NAT may keep a filter entry after traffic stops
+_MAX_RECENT = 4096
 AGENT = f"meshd/{__version__}"
 
 
@@ -68,6 +70,7 @@ class Node:
         self._conns: dict[PeerId, PeerConnection] = {}
         self._dialing: dict[PeerId, trio.Event] = {}
         self._connected_events: dict[PeerId, trio.Event] = {}
+        self._recent_addresses: dict[tuple[str, int], float] = {}  # closed connections, when
         self._nursery: trio.Nursery | None = None
         self.rpc.register("ping", _ping)
         self.rpc.register("identify", self._identify)
@@ -130,7 +133,21 @@ class Node:
         dialed_by_smaller = old if old.dialed == (self.peer_id < old.peer_id) else new
         return dialed_by_smaller, (new if dialed_by_smaller is old else old)
 
+    def talked_to_recently(self, address: tuple[str, int]) -> bool:
+        """Whether we exchanged packets with ``address`` lately: a live or recent
+        connection, or a STUN request we answered (its NAT would let us in)."""
+        if self.stun.asked_recently(address):
+            return True
+        if any(plain_address(conn.remote_addr) == address for conn in self._conns.values()):
+            return True
+        when = self._recent_addresses.get(address)
+        return when is not None and trio.current_time() - when < RECENT_CONTACT
+
     def _on_connection_lost(self, conn: PeerConnection) -> None:
+        if _direct_address(conn) is not None:
+            if len(self._recent_addresses) >= _MAX_RECENT:
+                self._recent_addresses.pop(next(iter(self._recent_addresses)))
+            self._recent_addresses[plain_address(conn.remote_addr)] = trio.current_time()
         if self._conns.get(conn.peer_id) is conn:
             del self._conns[conn.peer_id]
             log.info("lost connection to %s: %s", conn.peer_id, conn.close_reason)
@@ -365,6 +382,11 @@ class Node:
             return math.inf
         return float(limits["ttl"]) * 0.8
 
+    async def _watch_nat(self, stun_servers: list[HostPort]) -> None:
+        """At start: classify the NAT, then keep the AutoNAT verdict current."""
+        await self.stun.discover(stun_servers)
+        await self.autonat.keep_checking()
+
     async def _run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -375,7 +397,7 @@ class Node:
                 nursery.start_soon(self.portmap.run)
             stun_servers = [HostPort.parse(text) for text in self.config.nat.stun_servers]
             if stun_servers:
-                nursery.start_soon(self.stun.discover, stun_servers)
+                nursery.start_soon(self._watch_nat, stun_servers)
             for text in self.config.node.bootstrap:
                 addr = PeerAddr.parse(text)
                 if addr.peer_id == self.peer_id:
@@ -397,10 +419,7 @@ async def _ping(arg: object, ctx) -> object:
 
 
 def _hostport(addr: tuple) -> str:
-    host = addr[0]
-    if host.startswith("::ffff:"):
-        host = host[7:]
-    return str(HostPort(host, addr[1]))
+    return str(HostPort(*plain_address(addr)))
 
 
 # What AutoNAT's third-party dial-back says about the NAT's filtering (RFC 4787 terms).

@@ -17,7 +17,7 @@ from nat.behaviour import Mapping, MappingReport, classify_mapping
 from nat.stun_client import StunClient, StunFailure
 from nat.stun_server import answer
 
-from .address import HostPort
+from .address import HostPort, plain_address
 from .transport import DialError, Endpoint
 
 log = logging.getLogger("meshd.stun")
@@ -25,12 +25,6 @@ log = logging.getLogger("meshd.stun")
 HAIRPIN_WAIT = 1.0  # seconds; an answer to ourselves comes back at once or not at all
 RECENT_CLIENT = 180.0  # seconds a NAT may keep a filter entry open after a STUN exchange
 _MAX_CLIENTS = 4096
-
-
-def _plain(addr: tuple) -> tuple[str, int]:
-    """(host, port) with an IPv4-mapped IPv6 host turned back into IPv4."""
-    host = addr[0]
-    return (host[7:] if host.startswith("::ffff:") else host), addr[1]
 
 
 class NodeStun:
@@ -42,19 +36,20 @@ class NodeStun:
         self.reflexive: dict[str, str] = {}  # server HOST:PORT -> our HOST:PORT as it saw us
         self.mapping: MappingReport | None = None
         self.hairpinning: bool | None = None  # can we reach our own public address?
+        self.address_changed = trio.lowlevel.ParkingLot()  # woken by a new reflexive address
         self._recent_clients: dict[tuple[str, int], float] = {}  # STUN clients we answered, when
         endpoint.stun_hook = self._datagram_received
 
     def _datagram_received(self, data: bytes, source: tuple) -> None:
         if self.client.datagram_received(data, source):
             return
-        reply = answer(data, _plain(source))
+        reply = answer(data, plain_address(source))
         if reply is None:
             self._endpoint.stats["stun_ignored"] += 1
         else:
             self._endpoint.send_datagram(reply, source)
             self._endpoint.stats["stun_answered"] += 1
-            self._remember_client(_plain(source))
+            self._remember_client(plain_address(source))
 
     def _remember_client(self, address: tuple[str, int]) -> None:
         if len(self._recent_clients) >= _MAX_CLIENTS:
@@ -75,8 +70,10 @@ class NodeStun:
         """
         target = await self._endpoint.resolve(server.host, server.port)  # DialError if it cannot
         with trio.move_on_after(timeout):
-            host, port = _plain(await self.client.binding(target))
+            host, port = plain_address(await self.client.binding(target))
             mapped = str(HostPort(host, port))
+            if mapped not in self.reflexive.values():
+                self.address_changed.unpark_all()  # a public address we had not seen
             self.reflexive[str(server)] = mapped
             return mapped
         raise StunFailure(f"no STUN answer from {server} within {timeout:g} s")
@@ -125,7 +122,7 @@ class NodeStun:
             probe = socket.socket(self._endpoint.family, socket.SOCK_DGRAM)
             try:
                 probe.connect((servers[0].host, servers[0].port))  # picks a route; sends nothing
-                host = _plain(probe.getsockname())[0]
+                host = plain_address(probe.getsockname())[0]
             except OSError:
                 pass
             finally:

@@ -67,23 +67,35 @@ def test_pair_connects_by_peer_id_and_calls_both_ways(natlab, tmp_path, kinds): 
     assert b.meshctl("call", a.peer_id, "ping", '"again"', timeout=60) == "again"
 
 
-def test_nat_facts_behind_a_home_router_and_on_a_public_host(natlab, tmp_path):  # noqa: F811
-    lab = natlab
+def nat_facts(lab, tmp_path, kind):
+    """The NAT facts a node of ``kind`` reports after discovery and an AutoNAT check.
+
+    Only the node under test is configured with STUN servers, so only it runs
+    discovery and AutoNAT at start; the public bystander never sends to it
+    and can serve as the dial-back helper.
+    """
     relay = lab.public_host("relay").daemon(tmp_path / "relay", config={"relay": {"enabled": True}})
     helper = lab.public_host("helper").daemon(tmp_path / "helper", bootstrap=[relay.dial_address])
+    lab.public_host("bystander").daemon(tmp_path / "bystander", bootstrap=[relay.dial_address])
+    wait_until(lambda: len(relay.meshctl("peers")) == 2, 20, "the relay to know helper and bystander")
     config = {"nat": {"stun_servers": [relay.udp_address, helper.udp_address]}}
-    home = lab.nat_host("home", "home").daemon(tmp_path / "home", bootstrap=[relay.dial_address], config=config)
-    public = lab.public_host("pub").daemon(tmp_path / "pub", bootstrap=[relay.dial_address], config=config)
-    wait_until(lambda: len(relay.meshctl("peers")) == 3, 20, "the relay to know all three")
+    node = host_of(lab, "node", kind).daemon(tmp_path / "node", bootstrap=[relay.dial_address], config=config)
+    # the check at start: STUN, then a dial-back arranged by the relay
+    return relay, wait_until(lambda: (f := node.meshctl("nat"))["reachability"] != "unknown" and f,
+                             40, "an AutoNAT verdict")
 
-    facts = home.meshctl("nat", "--discover", "--autonat", timeout=60)
+
+def test_nat_facts_behind_a_home_router(natlab, tmp_path):  # noqa: F811
+    relay, facts = nat_facts(natlab, tmp_path, "home")
     assert facts["mapping"] == "endpoint-independent" and facts["port_preserved"] is True
     assert facts["hairpinning"] is False  # plain masquerade does not turn packets back in
-    assert facts["reachability"] == "private"  # the helper's dial-back was filtered
+    assert facts["reachability"] == "private"  # the bystander's dial-back was filtered
     assert facts["filtering"] == "address-dependent or stricter"
     assert relay.peer_id in facts["relay_reservations"]
 
-    facts = public.meshctl("nat", "--discover", "--autonat", timeout=60)
-    assert facts["mapping"] == "no NAT"
+
+def test_nat_facts_on_a_public_host(natlab, tmp_path):  # noqa: F811
+    _, facts = nat_facts(natlab, tmp_path, "public")
+    assert facts["mapping"] == "no NAT" and facts["hairpinning"] is None
     assert facts["reachability"] == "public"
     assert facts["filtering"].startswith("endpoint-independent")
