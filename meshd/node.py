@@ -31,9 +31,9 @@ from .punch import HolePuncher
 from .relay import Relay
 from .config import Config
 from .control import serve_control
-from .identity import PeerId, load_or_create_identity
+from .identity import PeerId, PeerIdError, load_or_create_identity
 from .peerrpc import PeerRpc
-from .peerstore import PeerStore
+from .peerstore import PeerRecord, PeerStore
 from .stun import NodeStun
 from .transport import DialError, Endpoint, PeerConnection
 from .transport.connection import CLOSE_REPLACED
@@ -171,6 +171,9 @@ class Node:
         listen = _listen_addresses(info, remote)
         if listen:
             self.peerstore.add_addresses(peer, listen)
+        relays = info.get("relays") if isinstance(info, dict) else None
+        if isinstance(relays, list) and all(isinstance(r, str) for r in relays):
+            self.peerstore.set_relays(peer, relays)
         agent = info.get("agent") if isinstance(info, dict) else None
         self.peerstore.seen(peer, rtt_ms=_ms(conn.rtt), path=conn.path,
                             agent=agent if isinstance(agent, str) else None)
@@ -199,7 +202,7 @@ class Node:
                 return await self._dial(PeerAddr(peer, HostPort.parse(text)))
             except (DialError, AddressError) as exc:
                 errors.append(str(exc))
-        for relay in self._relays():
+        for relay in self._relays(record):
             try:
                 return await self.connect_via(relay, peer)
             except RpcError as exc:
@@ -208,10 +211,17 @@ class Node:
             raise Unavailable(f"no known address for {peer}; connect to PEERID@HOST:PORT first")
         raise Unavailable(f"could not reach {peer}: " + "; ".join(errors))
 
-    def _relays(self) -> list[PeerId]:
-        """Connected bootstrap peers: where a NATed peer is likely to hold a reservation."""
+    def _relays(self, record: PeerRecord | None) -> list[PeerId]:
+        """Connected relays that may carry a connection to the peer: those it
+        advertised (identify), then our bootstrap peers."""
+        advertised = []
+        for text in record.relays if record else []:
+            try:
+                advertised.append(PeerId.from_string(text))
+            except PeerIdError:
+                continue
         bootstrap = [PeerAddr.parse(text).peer_id for text in self.config.node.bootstrap]
-        return [peer for peer in bootstrap if peer in self._conns]
+        return [peer for peer in dict.fromkeys(advertised + bootstrap) if peer in self._conns]
 
     async def _dial(self, addr: PeerAddr) -> PeerConnection:
         event = self._dialing.setdefault(addr.peer_id, trio.Event())
@@ -307,6 +317,7 @@ class Node:
             "services": self.rpc.server.methods,
             "agent": AGENT,
             "protocol": "meshd/1",
+            "relays": [str(relay) for relay in self.relay.status()["reserved_at"]],
         }
 
     def nat_status(self) -> dict:

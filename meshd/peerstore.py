@@ -2,8 +2,8 @@
 
 For each PeerId: the addresses it can be dialed at (most recent first,
 bounded), when it was last seen, the last measured round-trip time, the path
-of the last connection (direct, punched, mapped, relayed) and its agent
-string.  Writes are small and synchronous; WAL keeps them cheap.
+of the last connection (direct, punched, relayed), its agent string, and the
+relays it says carry connections to it.  Writes are small and synchronous; WAL keeps them cheap.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS peers (
     last_seen REAL,
     rtt_ms    REAL,
     path      TEXT,
-    agent     TEXT
+    agent     TEXT,
+    relays    TEXT NOT NULL DEFAULT '[]'
 )
 """
 
@@ -38,6 +39,7 @@ class PeerRecord:
     rtt_ms: float | None = None
     path: str | None = None
     agent: str | None = None
+    relays: list[str] = field(default_factory=list)  # PeerIds of relays holding its reservation
 
 
 class PeerStore:
@@ -50,6 +52,9 @@ class PeerStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(peers)")}
+        if "relays" not in columns:  # a store written before relays were recorded
+            self._db.execute("ALTER TABLE peers ADD COLUMN relays TEXT NOT NULL DEFAULT '[]'")
 
     def close(self) -> None:
         """Flush and close the database."""
@@ -58,14 +63,14 @@ class PeerStore:
 
     def get(self, peer_id: PeerId) -> PeerRecord | None:
         row = self._db.execute(
-            "SELECT peer_id, addrs, last_seen, rtt_ms, path, agent FROM peers WHERE peer_id = ?",
+            "SELECT peer_id, addrs, last_seen, rtt_ms, path, agent, relays FROM peers WHERE peer_id = ?",
             (str(peer_id),),
         ).fetchone()
         return _record(row) if row else None
 
     def all(self) -> list[PeerRecord]:
         rows = self._db.execute(
-            "SELECT peer_id, addrs, last_seen, rtt_ms, path, agent FROM peers ORDER BY last_seen DESC"
+            "SELECT peer_id, addrs, last_seen, rtt_ms, path, agent, relays FROM peers ORDER BY last_seen DESC"
         )
         return [_record(row) for row in rows]
 
@@ -74,6 +79,10 @@ class PeerStore:
         current = self.get(peer_id)
         merged = list(dict.fromkeys(addrs + (current.addrs if current else [])))
         self._upsert(peer_id, addrs=json.dumps(merged[: self.max_addrs]))
+
+    def set_relays(self, peer_id: PeerId, relays: list[str]) -> None:
+        """Record the relays the peer says it holds reservations at (replacing the old list)."""
+        self._upsert(peer_id, relays=json.dumps(relays[: self.max_addrs]))
 
     def seen(self, peer_id: PeerId, *, rtt_ms: float | None = None, path: str | None = None,
              agent: str | None = None) -> None:
@@ -96,5 +105,6 @@ class PeerStore:
 
 
 def _record(row: tuple) -> PeerRecord:
-    peer_id, addrs, last_seen, rtt_ms, path, agent = row
-    return PeerRecord(PeerId.from_string(peer_id), json.loads(addrs), last_seen, rtt_ms, path, agent)
+    peer_id, addrs, last_seen, rtt_ms, path, agent, relays = row
+    return PeerRecord(PeerId.from_string(peer_id), json.loads(addrs), last_seen, rtt_ms, path, agent,
+                      json.loads(relays))

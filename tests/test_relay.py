@@ -173,3 +173,26 @@ async def test_punching_requests_are_refused_off_a_relay(tmp_path):
                             ("punch.open_ports", {"addr": "192.0.2.1:9"})):
             with pytest.raises(meshd.InvalidArgument, match="over a relayed connection"):
                 await b.rpc.call(a.peer_id, method, arg)
+
+
+async def test_advertised_relays_are_used_to_reach_a_peer_by_id(tmp_path):
+    async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=relay_config()) as r, \
+            meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
+            meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
+        serve_all(n)
+        await n.connect(r.address)
+        await n.relay.reserve(r.peer_id)
+        await x.connect(r.address)
+        info = await x.identify(r.peer_id)
+        assert info["relays"] == []  # the relay itself holds no reservation elsewhere
+        await x.connect(n.address)
+        advertised = (await x.identify(n.peer_id))["relays"]
+        assert advertised == [str(r.peer_id)]
+        x.disconnect(n.peer_id)
+        # a node that knows only N's PeerId and advertised relay (no address, no bootstrap)
+        async with meshd.open_node(tmp_path / "y", listen="127.0.0.1:0") as y:
+            await y.connect(r.address)
+            y.peerstore.set_relays(n.peer_id, advertised)
+            with trio.fail_after(20):
+                reply = await y.rpc.call(n.peer_id, "echo", "via advertised relay")
+            assert reply["arg"] == "via advertised relay"
