@@ -21,10 +21,13 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import baselines  # noqa: E402
-
+# The repo, not this folder, comes first: benchmarks/nat.py would shadow the nat package.
+_HERE = Path(__file__).resolve().parent
+sys.path[:1] = [str(_HERE.parent)]
 import meshd  # noqa: E402
+
+sys.path.append(str(_HERE))
+import baselines  # noqa: E402
 
 CHUNK = 1 << 20
 PAYLOAD = b"x" * 128
