@@ -2,8 +2,9 @@
 
 A node N asks a connected peer A (``autonat.request``).  A picks another of
 its peers, B, and asks it (``autonat.dial_back``) to open a fresh QUIC
-connection to the address A sees N at.  B refuses if it is connected to N or
-exchanged packets with that address lately (a connection, or STUN), so N's
+connection to the address A sees N at.  N names the peers it sent to lately
+(``exclude``) and A skips them; B refuses if it is connected to N or
+exchanged packets with that address lately (a connection, or STUN).  So N's
 NAT holds no filter entry for B: the dial succeeds only if N is reachable by anyone.  A reports
 the outcome to N.
 
@@ -33,6 +34,8 @@ log = logging.getLogger("meshd.autonat")
 REQUEST_INTERVAL = 10.0  # seconds between requests from one peer
 DIAL_TIMEOUT = 5.0
 _MAX_HELPERS = 3  # third peers tried per request
+_MAX_EXCLUDED = 256  # peers a requester may rule out as helpers
+RECENT_CONTACT = 180.0  # seconds a NAT may keep a filter entry after traffic stops
 _VERDICT_TRIES = 8  # checks (backing off 1 s .. 60 s) before waiting for an address change
 
 
@@ -60,7 +63,8 @@ class AutoNat:
         random.shuffle(peers)
         for peer in peers:
             try:
-                verdict = await self._node.rpc.call(peer, "autonat.request", None, timeout=DIAL_TIMEOUT * 3)
+                verdict = await self._node.rpc.call(
+                    peer, "autonat.request", {"exclude": self._contacted()}, timeout=DIAL_TIMEOUT * 3)
             except RpcError as exc:
                 log.debug("autonat via %s: %s", peer, exc)
                 continue
@@ -84,6 +88,12 @@ class AutoNat:
                 delay = min(delay * 2, 60.0)
             await self._node.stun.address_changed.park()
 
+    def _contacted(self) -> list[str]:
+        """Peers we sent to lately: our NAT would let them in, so they must not dial back."""
+        now = trio.current_time()
+        recent = [p for p, when in self._node.endpoint.dialed.items() if now - when < RECENT_CONTACT]
+        return [str(p) for p in dict.fromkeys(recent + list(self._node._conns))][:_MAX_EXCLUDED]
+
     # --- the asked node (A) ----------------------------------------------------
 
     async def _serve_request(self, arg: object, ctx) -> dict:
@@ -96,7 +106,8 @@ class AutoNat:
         if observed is None:
             raise InvalidArgument("no observed address for this caller")
         address = str(HostPort(*plain_address(observed)))
-        helpers = [p for p in self._node._conns if p != requester]
+        excluded = set(arg.get("exclude", [])[:_MAX_EXCLUDED]) if isinstance(arg, dict) else set()
+        helpers = [p for p in self._node._conns if p != requester and str(p) not in excluded]
         random.shuffle(helpers)
         for helper in helpers[:_MAX_HELPERS]:
             try:

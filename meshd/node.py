@@ -25,7 +25,7 @@ import trio
 
 from ._version import __version__
 from .address import AddressError, HostPort, PeerAddr, plain_address
-from .autonat import AutoNat
+from .autonat import RECENT_CONTACT, AutoNat
 from .portmap import PortMapper
 from .punch import HolePuncher
 from .relay import Relay
@@ -44,7 +44,6 @@ log = logging.getLogger("meshd.node")
 
 _RACE_WINDOW = 10.0  # seconds within which two connections to one peer count as a race
 _RETIRE_GRACE = 30.0  # seconds a replaced connection may finish its calls
-RECENT_CONTACT = 180.0  # seconds a NAT may keep a filter entry after traffic stops
 _MAX_RECENT = 4096
 AGENT = f"meshd/{__version__}"
 

@@ -91,6 +91,7 @@ class Endpoint:
         self._cids: dict[PeerConnection, set[bytes]] = {}
         self._sock: socket.socket | None = None
         self._paths: dict[tuple, Callable[[bytes], None]] = {}
+        self.dialed: dict[PeerId, float] = {}  # peers we last sent a direct dial to, and when
         self._path_ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
 
@@ -279,6 +280,8 @@ class Endpoint:
     async def dial_path(self, addr: tuple, expected_peer: PeerId, timeout: float | None = None,
                         name: str | None = None) -> PeerConnection:
         """Connect over a resolved socket address or a virtual path (see ``attach_path``)."""
+        if addr[0] != VIRTUAL_HOST:
+            self.dialed[expected_peer] = trio.current_time()
         quic = self._new_quic(True, addr[0])
         conn = self._new_connection(quic, addr, dialed=True, expected_peer=expected_peer)
         quic.connect(addr, now=trio.current_time())
