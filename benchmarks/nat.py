@@ -55,8 +55,9 @@ async def _measure(a_dir: Path, b_peer: str) -> tuple[float, str, float | None]:
                 if row is not None and row["path"] in DIRECT:
                     path = row["path"]
                     # its age says when it came up, finer than this polling; measured from the
-                    # start of the first call, so it over-counts by the relayed setup
-                    direct_after = time.perf_counter() - start - row["connected_s"]
+                    # start of the first call (0 if it was up before: AutoNAT dial-backs and
+                    # earlier contacts can leave a direct path behind)
+                    direct_after = max(0.0, time.perf_counter() - start - row["connected_s"])
                     break
                 await trio.sleep(0.1)
         await a.call(b_peer, "ping", "again", timeout=60)
