@@ -33,6 +33,13 @@ async def chat(channel, ctx):
         await channel.send(item + 1)
 
 
+async def meet_at_relay(r, n, x):
+    """N holds a reservation at relay R; X is connected to R."""
+    await n.connect(r.address)
+    await n.relay.reserve(r.peer_id)
+    await x.connect(r.address)
+
+
 def serve_all(node):
     node.rpc.register("echo", echo)
     node.rpc.register("count", count)
@@ -93,9 +100,7 @@ async def test_a_circuit_ends_at_its_byte_limit(tmp_path):
             meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
             meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
         serve_all(n)
-        await n.connect(r.address)
-        await n.relay.reserve(r.peer_id)
-        await x.connect(r.address)
+        await meet_at_relay(r, n, x)
         with trio.fail_after(20):
             conn = await x.relay.dial_via(r.peer_id, n.peer_id)
             assert (await x.rpc.call(n.peer_id, "echo", "small"))["arg"] == "small"
@@ -113,9 +118,7 @@ async def test_a_circuit_ends_at_its_time_limit(tmp_path):
     async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=config) as r, \
             meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
             meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
-        await n.connect(r.address)
-        await n.relay.reserve(r.peer_id)
-        await x.connect(r.address)
+        await meet_at_relay(r, n, x)
         with trio.fail_after(20):
             conn = await x.relay.dial_via(r.peer_id, n.peer_id)
             start = trio.current_time()
@@ -180,9 +183,7 @@ async def test_advertised_relays_are_used_to_reach_a_peer_by_id(tmp_path):
             meshd.open_node(tmp_path / "n", listen="127.0.0.1:0") as n, \
             meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
         serve_all(n)
-        await n.connect(r.address)
-        await n.relay.reserve(r.peer_id)
-        await x.connect(r.address)
+        await meet_at_relay(r, n, x)
         info = await x.identify(r.peer_id)
         assert info["relays"] == []  # the relay itself holds no reservation elsewhere
         await x.connect(n.address)
