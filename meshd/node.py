@@ -52,6 +52,10 @@ class Node:
     """A running meshd node.  Create it with :func:`open_node`."""
 
     def __init__(self, data_dir: Path, config: Config):
+        # Addresses from the config are parsed once, here, so a bad one fails
+        # now with its reason rather than later in a background task.
+        self.bootstrap = [PeerAddr.parse(text) for text in config.node.bootstrap]
+        self.configured_stun = [HostPort.parse(text) for text in config.nat.stun_servers]
         self.data_dir = data_dir
         self.config = config
         self.identity = load_or_create_identity(data_dir)
@@ -219,7 +223,7 @@ class Node:
                 advertised.append(PeerId.from_string(text))
             except PeerIdError:
                 continue
-        bootstrap = [PeerAddr.parse(text).peer_id for text in self.config.node.bootstrap]
+        bootstrap = [addr.peer_id for addr in self.bootstrap]
         return [peer for peer in dict.fromkeys(advertised + bootstrap) if peer in self._conns]
 
     async def _dial(self, addr: PeerAddr) -> PeerConnection:
@@ -341,7 +345,7 @@ class Node:
 
     def stun_servers(self) -> list[HostPort]:
         """Configured STUN servers, then every connected peer (each meshd is one)."""
-        servers = [HostPort.parse(text) for text in self.config.nat.stun_servers]
+        servers = list(self.configured_stun)
         servers += [HostPort.parse(_hostport(conn.remote_addr)) for conn in self._conns.values()
                     if _direct_address(conn) is not None]
         return list(dict.fromkeys(servers))
@@ -405,11 +409,9 @@ class Node:
             await nursery.start(serve_control, self)
             if self.config.nat.port_mapping and host_port.host == "0.0.0.0":
                 nursery.start_soon(self.portmap.run)
-            stun_servers = [HostPort.parse(text) for text in self.config.nat.stun_servers]
-            if stun_servers:
-                nursery.start_soon(self._watch_nat, stun_servers)
-            for text in self.config.node.bootstrap:
-                addr = PeerAddr.parse(text)
+            if self.configured_stun:
+                nursery.start_soon(self._watch_nat, self.configured_stun)
+            for addr in self.bootstrap:
                 if addr.peer_id == self.peer_id:
                     log.info("skipping bootstrap entry %s: it is this node", addr.hostport)
                     continue
@@ -497,10 +499,6 @@ async def open_node(
         config.node.listen = listen
     if bootstrap is not None:
         config.node.bootstrap = list(bootstrap)
-    for text in config.node.bootstrap:
-        PeerAddr.parse(text)  # fail now, with the reason, not in a background task
-    for text in config.nat.stun_servers:
-        HostPort.parse(text)
     node = Node(data_dir, config)
     try:
         async with trio.open_nursery() as nursery:

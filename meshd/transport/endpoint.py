@@ -33,6 +33,7 @@ from .tls import identity_certificate
 log = logging.getLogger("meshd.transport")
 
 VIRTUAL_HOST = "relay"  # host part of a virtual path's address
+_MAX_DIALED = 4096
 _RECV_BATCH = 16  # datagrams per wake-up: bigger batches delay ACKs and credit (measured: 128 cut bulk to ~110 MB/s)
 _SOCKET_BUFFER = 8 << 20
 _MIN_INITIAL = 1200
@@ -281,7 +282,7 @@ class Endpoint:
                         name: str | None = None) -> PeerConnection:
         """Connect over a resolved socket address or a virtual path (see ``attach_path``)."""
         if addr[0] != VIRTUAL_HOST:
-            self.dialed[expected_peer] = trio.current_time()
+            self._note_dial(expected_peer)
         quic = self._new_quic(True, addr[0])
         conn = self._new_connection(quic, addr, dialed=True, expected_peer=expected_peer)
         quic.connect(addr, now=trio.current_time())
@@ -294,6 +295,13 @@ class Endpoint:
             conn.close(reason="dial abandoned")
             raise DialError(f"{name or addr}: {reason}")
         return conn
+
+    def _note_dial(self, peer: PeerId) -> None:
+        """Remember when we last dialed ``peer`` directly (bounded, oldest forgotten first)."""
+        self.dialed.pop(peer, None)
+        if len(self.dialed) >= _MAX_DIALED:
+            self.dialed.pop(next(iter(self.dialed)))
+        self.dialed[peer] = trio.current_time()
 
     # --- virtual paths (relayed connections) ----------------------------------
 
