@@ -1,0 +1,503 @@
+"""A DHT node: lookups, values and providers over any :class:`~dht.network.Network`.
+
+The protocol logic lives in the sans-IO parts (:mod:`dht.routing`,
+:mod:`dht.lookup`, :mod:`dht.records`, :mod:`dht.storage`); this module is
+the trio shell that sends the queries, runs the timers and shares work:
+concurrent lookups of the same target run once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import trio
+
+from . import messages as m
+from .ids import Contact, key_id
+from .lookup import Lookup
+from .network import (ADD_PROVIDER, FIND_NODE, GET_PROVIDERS, GET_VALUE, PING, PUT_VALUE,
+                      DhtError, Network, Refused, Unreachable)
+from .ratelimit import RateLimiter
+from .records import Record, RecordError, Validators, sign_record
+from .routing import RoutingTable
+from .server import DhtServer
+from .storage import Database, ProviderStore, RecordStore
+
+log = logging.getLogger("dht")
+
+
+@dataclass
+class DhtConfig:
+    k: int = 20  # bucket size and replication factor
+    alpha: int = 3  # queries in flight per lookup
+    beta: int = 3  # a lookup ends when this many of the nearest nodes it knows have answered
+    request_timeout: float = 3.0  # seconds per query
+    lookup_timeout: float = 30.0  # seconds per lookup, whatever peers do
+    get_quorum: int = 5  # a get stops after this many replicas answered with a record
+    record_ttl: float = 24 * 3600.0
+    record_republish: float = 3600.0  # stored records are pushed to the current k closest
+    provider_ttl: float = 48 * 3600.0
+    provider_republish: float = 22 * 3600.0
+    refresh_interval: float = 3600.0  # buckets without a lookup this long get one
+    self_lookup_interval: float = 600.0
+    peer_rate: float = 20.0  # PUT_VALUE records and ADD_PROVIDER keys per second per peer
+    peer_burst: int = 200
+    save_delay: float = 1.0  # routing table changes are written to disk this long after
+    maintenance_interval: float = 60.0
+
+
+class _Shared:
+    """One running lookup that later callers for the same target wait on."""
+
+    def __init__(self):
+        self.done = trio.Event()
+        self.result = None
+        self.error: BaseException | None = None
+
+
+class DhtNode:
+    """A Kademlia node.  ``sign`` signs with the key whose public half is ``public_key``.
+
+    ``addrs`` returns where this node can be reached; it is sent with
+    requests while in server mode.  ``db`` persists the routing table, records
+    and provider records (None keeps them in memory).  Background work needs
+    :meth:`start` (or :meth:`run`, which also runs the timers).
+    """
+
+    def __init__(self, network: Network, public_key: bytes, sign: Callable[[bytes], bytes], *,
+                 addrs: Callable[[], list[str]] = lambda: [], db: Database | None = None,
+                 config: DhtConfig | None = None, server_mode: bool = True,
+                 validators: Validators | None = None, wall: Callable[[], float] = time.time,
+                 rng: random.Random | None = None):
+        self.config = config = config or DhtConfig()
+        self.network = network
+        self.public_key = public_key
+        self.contact = Contact(public_key)
+        self.id = self.contact.id
+        self._sign = sign
+        self._addrs = addrs
+        self.db = db
+        self.server_mode = server_mode
+        self.validators = validators or Validators.default()
+        self.wall = wall
+        self.rng = rng or random.Random()
+        self.table = RoutingTable(self.id, k=config.k)
+        self.records = RecordStore(db, self.id, self.validators)
+        self.providers = ProviderStore(db)
+        self.put_limiter = RateLimiter(config.peer_rate, config.peer_burst)
+        self.provider_limiter = RateLimiter(config.peer_rate, config.peer_burst)
+        self.server = DhtServer(self)
+        self.messages_sent = 0
+        self._shared: dict[tuple, _Shared] = {}
+        self._provided: dict[bytes, float] = {}  # key -> when to republish (trio time)
+        self._nursery: trio.Nursery | None = None
+        self._table_changed = trio.Event()
+        if db is not None:
+            for contact in db.load_contacts():
+                if contact != self.contact:
+                    self.table.update(contact)
+
+    @staticmethod
+    def clock() -> float:
+        return trio.current_time()
+
+    # --- requests from peers ------------------------------------------------------------
+
+    async def handle(self, sender_key: bytes, method: str, msg: object) -> dict:
+        """Answer a request from the peer with authenticated public key ``sender_key``."""
+        return await self.server.handle(sender_key, method, msg)
+
+    def heard_from(self, contact: Contact) -> None:
+        """A server-mode peer talked to us: update the table, checking the
+        liveness of an old entry if its bucket is full."""
+        if contact == self.contact:
+            return
+        oldest = self.table.update(contact, self.clock())
+        self._table_changed.set()
+        if oldest is not None and self._nursery is not None:
+            self._nursery.start_soon(self._check_liveness, oldest)
+
+    async def _check_liveness(self, contact: Contact) -> None:
+        try:
+            await self._ask(contact, PING, {})
+            self.table.seen(contact, self.clock())
+        except DhtError:
+            self.table.failed(contact)
+
+    # --- asking peers -------------------------------------------------------------------
+
+    async def _ask(self, contact: Contact, method: str, msg: dict) -> dict:
+        """One request with the per-request timeout; raises Unreachable or Refused."""
+        if self.server_mode:
+            msg = {**msg, "from": list(self._addrs())}
+        self.messages_sent += 1
+        with trio.move_on_after(self.config.request_timeout):
+            return await self.network.call(contact, method, msg)
+        raise Unreachable(f"no answer to {method} within {self.config.request_timeout} s")
+
+    async def _lookup(self, target: bytes, method: str, msg: dict,
+                      on_reply: Callable[[Lookup, Contact, dict], list[Contact]]) -> Lookup:
+        """Run one iterative lookup.  ``on_reply`` checks a peer's answer (raising
+        Refused if it is unusable) and returns the contacts it names."""
+        cfg = self.config
+        lookup = Lookup(target, self.table.closest(target, cfg.k), k=cfg.k, alpha=cfg.alpha,
+                        beta=cfg.beta, exclude=self.public_key)
+        self.table.touch(target, self.clock())
+        send, receive = trio.open_memory_channel(math.inf)
+
+        async def query(contact: Contact) -> None:
+            try:
+                reply = await self._ask(contact, method, msg)
+                closer = on_reply(lookup, contact, reply)
+            except DhtError:
+                lookup.failed(contact)
+                self.table.failed(contact)
+            else:
+                lookup.answered(contact, [c for c in closer if c != self.contact])
+                if m.is_server(reply):
+                    self.heard_from(contact)
+                else:
+                    self.table.remove(contact)
+            send.send_nowait(None)
+
+        with trio.move_on_after(cfg.lookup_timeout):
+            async with trio.open_nursery() as nursery:
+                while True:
+                    for contact in lookup.next_queries():
+                        nursery.start_soon(query, contact)
+                    if lookup.finished:
+                        break
+                    await receive.receive()
+                nursery.cancel_scope.cancel()
+        return lookup
+
+    async def _once(self, key: tuple, run: Callable[[], Awaitable]):
+        """Run ``run()``, or wait for the identical run already going and share its result."""
+        shared = self._shared.get(key)
+        if shared is not None:
+            await shared.done.wait()
+            if shared.error is not None:
+                raise shared.error
+            return shared.result
+        shared = self._shared[key] = _Shared()
+        try:
+            shared.result = await run()
+            return shared.result
+        except DhtError as exc:
+            shared.error = exc
+            raise
+        except BaseException:
+            shared.error = Unreachable("the lookup this one shared was cancelled")
+            raise
+        finally:
+            del self._shared[key]
+            shared.done.set()
+
+    # --- finding nodes ------------------------------------------------------------------
+
+    async def lookup(self, target: bytes) -> Lookup:
+        """The finished FIND_NODE lookup for the 32-byte id ``target`` (with its statistics)."""
+
+        def on_reply(lookup: Lookup, contact: Contact, reply: dict) -> list[Contact]:
+            return m.nodes(m.per_key(reply, "nodes", 1)[0])
+
+        return await self._once((FIND_NODE, target),
+                                lambda: self._lookup(target, FIND_NODE, {"ids": [target]}, on_reply))
+
+    async def find_node(self, target: bytes) -> list[Contact]:
+        """The k live nodes closest to ``target``, nearest first."""
+        return (await self.lookup(target)).closest()
+
+    async def find_peer(self, public_key: bytes) -> Contact | None:
+        """The contact (with addresses) of the node with ``public_key``, if the DHT knows it."""
+        wanted = Contact(public_key)
+        for contact in self.table.contacts():
+            if contact == wanted:
+                return contact
+        found = [c for c in await self.find_node(wanted.id) if c == wanted]
+        return found[0] if found else None
+
+    async def bootstrap(self, seeds: list[Contact]) -> int:
+        """Join through ``seeds``: ask each, look ourselves up, then fill the
+        farther buckets.  Returns the routing table size."""
+        async with trio.open_nursery() as nursery:
+            for seed in seeds:
+                nursery.start_soon(self._greet, seed)
+        await self.find_node(self.id)
+        await self.refresh(interval=0)
+        return len(self.table)
+
+    async def _greet(self, seed: Contact) -> None:
+        try:
+            if m.is_server(await self._ask(seed, PING, {})):
+                self.heard_from(seed)
+        except DhtError as exc:
+            log.debug("bootstrap peer %s did not answer: %s", seed.id.hex()[:12], exc)
+
+    async def refresh(self, interval: float | None = None) -> int:
+        """Look up a random id in every bucket without a lookup for ``interval``
+        seconds (default: the configured refresh interval).  Returns how many ran."""
+        interval = self.config.refresh_interval if interval is None else interval
+        stale = self.table.stale_buckets(self.clock(), interval)
+        async with trio.open_nursery() as nursery:
+            for index in stale:
+                nursery.start_soon(self.find_node, self.table.random_id_in_bucket(index, self.rng))
+        return len(stale)
+
+    # --- values -------------------------------------------------------------------------
+
+    async def put(self, key: bytes, value: bytes, *, ttl: float | None = None,
+                  seq: int | None = None) -> int:
+        """Sign and store ``value`` under ``key``; returns how many of the k
+        closest nodes stored it.  The record is also kept (and republished) here.
+
+        Raises RecordError when the record would be refused (unknown namespace,
+        too large, another owner's key).
+        """
+        now = self.wall()
+        local = self.records.get(key, now)
+        if seq is None:
+            seq = max(int(now * 1000), local.seq + 1 if local else 0)
+        ttl = self.config.record_ttl if ttl is None else ttl
+        record = sign_record(key, value, public_key=self.public_key, sign=self._sign,
+                             seq=seq, expires=int(now + ttl))
+        self.records.put(record, now)
+        stored = await self.put_records([record])
+        return stored[key]
+
+    async def put_records(self, records: list[Record]) -> dict[bytes, int]:
+        """Store signed records at the k nodes closest to each key, several
+        records to one peer in one request.  Returns ``{key: replicas stored}``."""
+        items = {r.key: r.to_wire() for r in records}
+        return await self._replicate(items, PUT_VALUE, lambda batch: {"records": batch},
+                                     lambda reply, n: sum(1 for e in m.per_key(reply, "stored", n) if e is None))
+
+    async def get(self, key: bytes) -> Record | None:
+        """The best valid record for ``key`` among those found, or None.
+
+        Replicas that answered with an older record, and close nodes that had
+        none, are sent the best one in the background.
+        """
+        now = self.wall()
+        best, holders, lookup = await self._once((GET_VALUE, key), lambda: self._value_lookup(key))
+        local = self.records.get(key, now)
+        if best is not None and (local is None or self.validators.better(best, local)):
+            try:
+                self.records.put(best, now)
+            except RecordError:
+                pass  # our store is full of closer keys: the others still have it
+        if best is not None and self._nursery is not None:
+            stale = [c for c, r in holders if r is not best and self.validators.better(best, r)]
+            had = {c for c, _ in holders}
+            stale += [c for c in lookup.closest() if c not in had][: self.config.k - len(holders)]
+            if stale:
+                self._nursery.start_soon(self._send_records, stale, [best])
+        return best
+
+    async def _value_lookup(self, key: bytes):
+        now = self.wall()
+        found: list[tuple[Contact, Record]] = []
+        local = self.records.get(key, now)
+        count = 1 if local else 0
+
+        def on_reply(lookup: Lookup, contact: Contact, reply: dict) -> list[Contact]:
+            nonlocal count
+            wire = m.per_key(reply, "records", 1)[0]
+            nodes = m.nodes(m.per_key(reply, "nodes", 1)[0])
+            if wire is not None:
+                try:
+                    record = Record.from_wire(wire)
+                    if record.key != key:
+                        raise RecordError("the record is for another key")
+                    self.validators.validate(record, now)
+                except RecordError as exc:
+                    raise Refused(f"bad record: {exc}") from None
+                found.append((contact, record))
+                count += 1
+                if count >= self.config.get_quorum:
+                    lookup.stop()
+            return nodes
+
+        lookup = await self._lookup(key_id(key), GET_VALUE, {"keys": [key]}, on_reply)
+        candidates = [r for _, r in found] + ([local] if local else [])
+        best = self.validators.best(candidates) if candidates else None
+        return best, found, lookup
+
+    async def _send_records(self, contacts: list[Contact], records: list[Record]) -> None:
+        batch = [r.to_wire() for r in records]
+        async with trio.open_nursery() as nursery:
+            for contact in contacts:
+                nursery.start_soon(self._try, contact, PUT_VALUE, {"records": batch})
+
+    async def _try(self, contact: Contact, method: str, msg: dict) -> dict | None:
+        try:
+            return await self._ask(contact, method, msg)
+        except DhtError as exc:
+            log.debug("%s to %s failed: %s", method, contact.id.hex()[:12], exc)
+            return None
+
+    # --- providers ----------------------------------------------------------------------
+
+    async def provide(self, key: bytes) -> int:
+        """Announce this node as a provider of ``key``; returns how many of the
+        k closest nodes took the record.  Republished until :meth:`unprovide`."""
+        return (await self.provide_many([key]))[key]
+
+    async def provide_many(self, keys: list[bytes]) -> dict[bytes, int]:
+        """:meth:`provide` for several keys, with one request per peer for all
+        the keys it is close to.  The first republish of each key is spread
+        uniformly over the second half of the republish interval."""
+        now, clock = self.wall(), self.clock()
+        interval = self.config.provider_republish
+        for key in keys:
+            if not isinstance(key, bytes) or not 0 < len(key) <= m.MAX_KEY:
+                raise RecordError(f"a provider key must be 1 to {m.MAX_KEY} bytes")
+            self.providers.add(key, self.own_contact(), now + self.config.provider_ttl, now)
+            if key not in self._provided:
+                self._provided[key] = clock + interval * self.rng.uniform(0.5, 1.0)
+        msg_base = {"a": list(self._addrs()), "ttl": self.config.provider_ttl}
+        return await self._replicate({k: k for k in keys}, ADD_PROVIDER,
+                                     lambda batch: {**msg_base, "keys": batch},
+                                     lambda reply, n: n if reply.get("added") == n else 0)
+
+    def unprovide(self, key: bytes) -> None:
+        """Stop republishing ``key``; the records elsewhere expire on their own."""
+        self._provided.pop(key, None)
+
+    async def find_providers(self, key: bytes, count: int = 20) -> list[Contact]:
+        """Up to ``count`` providers of ``key`` (this node first if it is one)."""
+        return await self._once((GET_PROVIDERS, key, count), lambda: self._provider_lookup(key, count))
+
+    async def _provider_lookup(self, key: bytes, count: int) -> list[Contact]:
+        now = self.wall()
+        found: dict[Contact, None] = dict.fromkeys(c for c, _ in self.providers.get(key, now))
+
+        def on_reply(lookup: Lookup, contact: Contact, reply: dict) -> list[Contact]:
+            entries = m.per_key(reply, "providers", 1)[0]
+            if not isinstance(entries, list) or len(entries) > m.MAX_PROVIDERS:
+                raise Refused("bad provider list")
+            for entry in entries:
+                found.setdefault(m.contact({"pk": entry.get("pk"), "a": entry.get("a", [])}
+                                           if isinstance(entry, dict) else None), None)
+            if len(found) >= count:
+                lookup.stop()
+            return m.nodes(m.per_key(reply, "nodes", 1)[0])
+
+        await self._lookup(key_id(key), GET_PROVIDERS, {"keys": [key]}, on_reply)
+        return list(found)[:count]
+
+    def own_contact(self) -> Contact:
+        return Contact(self.public_key, tuple(self._addrs()))
+
+    # --- storing at the k closest -------------------------------------------------------
+
+    async def _replicate(self, items: dict[bytes, object], method: str,
+                         make_msg: Callable[[list], dict],
+                         count_ok: Callable[[dict, int], int]) -> dict[bytes, int]:
+        """Find the k closest nodes to each key, then send each node the items
+        it should hold, at most MAX_BULK per request.  ``count_ok(reply, n)``
+        says how many of the n items in a request were accepted; the result
+        is how many nodes accepted each key's item (not counting this one)."""
+        closest: dict[bytes, list[Contact]] = {}
+
+        async def find(key: bytes) -> None:
+            closest[key] = await self.find_node(key_id(key))
+
+        async with trio.open_nursery() as nursery:
+            for key in items:
+                nursery.start_soon(find, key)
+        per_peer: dict[Contact, list[bytes]] = {}
+        for key, contacts in closest.items():
+            for contact in contacts:
+                per_peer.setdefault(contact, []).append(key)
+        stored = dict.fromkeys(items, 0)
+
+        async def send(contact: Contact, keys: list[bytes]) -> None:
+            reply = await self._try(contact, method, make_msg([items[k] for k in keys]))
+            try:
+                accepted = count_ok(reply, len(keys)) if reply is not None else 0
+            except Refused:
+                accepted = 0
+            if accepted == len(keys):
+                for key in keys:
+                    stored[key] += 1
+
+        async with trio.open_nursery() as nursery:
+            for contact, keys in per_peer.items():
+                for start in range(0, len(keys), m.MAX_BULK):
+                    nursery.start_soon(send, contact, keys[start:start + m.MAX_BULK])
+        return stored
+
+    # --- background work ----------------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Let the node run background tasks (liveness checks, replica repair) in ``nursery``."""
+        self._nursery = nursery
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run the node's timers until cancelled: bucket refresh, self-lookup,
+        republishing, expiry, and saving the routing table.  Saves on exit."""
+        async with trio.open_nursery() as nursery:
+            self.start(nursery)
+            nursery.start_soon(self._save_loop)
+            task_status.started()
+            try:
+                await self._maintenance_loop()
+            finally:
+                self.save()
+
+    async def _maintenance_loop(self) -> None:
+        cfg = self.config
+        next_self = next_records = self.clock()
+        while True:
+            await trio.sleep(cfg.maintenance_interval * self.rng.uniform(0.9, 1.1))
+            now, clock = self.wall(), self.clock()
+            self.records.expire(now)
+            self.providers.expire(now)
+            if clock >= next_self:
+                next_self = clock + cfg.self_lookup_interval
+                await self.find_node(self.id)
+            await self.refresh()
+            await self._republish_providers(clock)
+            if clock >= next_records:
+                next_records = clock + cfg.record_republish
+                await self.put_records(list(self.records.records()))
+
+    async def _republish_providers(self, clock: float) -> None:
+        due = [key for key, when in self._provided.items() if when <= clock]
+        for key in due:
+            self._provided[key] = clock + self.config.provider_republish
+        for start in range(0, len(due), 256):
+            await self.provide_many(due[start:start + 256])
+
+    async def _save_loop(self) -> None:
+        if self.db is None:
+            return
+        while True:
+            await self._table_changed.wait()
+            self._table_changed = trio.Event()
+            await trio.sleep(self.config.save_delay)  # batch a burst of changes into one write
+            self.save()
+
+    def save(self) -> None:
+        """Write the routing table to the database (a no-op without one)."""
+        if self.db is not None:
+            self.db.save_contacts(self.table.contacts())
+
+    def routing_info(self) -> dict:
+        """The routing table for display: size, buckets, and every contact."""
+        return {
+            "id": self.id.hex(),
+            "mode": "server" if self.server_mode else "client",
+            "size": len(self.table),
+            "buckets": {str(i): list(sizes) for i, sizes in self.table.bucket_sizes().items()},
+            "contacts": [{"public_key": c.public_key.hex(), "addrs": list(c.addrs),
+                          "bucket": self.table.bucket_of(c)} for c in self.table.contacts()],
+            "records": len(self.records),
+            "providing": len(self._provided),
+        }

@@ -1,0 +1,234 @@
+"""The DHT on the in-memory network: 10,000 nodes, churn, replicas, providers, modes.
+
+Runs on trio's MockClock (the ``autojump_clock`` fixture): simulated latency
+and timeouts cost no real time, so lookup durations count round trips.
+"""
+
+import random
+import statistics
+
+import pytest
+import trio
+import trio.testing
+
+from dht.ids import key_id
+from dht.network import ADD_PROVIDER, Refused
+from dht.node import DhtConfig
+from dht.records import Record
+from dht.simnet import SimNetwork, fill_tables, make_nodes
+
+LATENCY = 0.005  # one way; a round trip is 10 ms of virtual time
+RTT = 2 * LATENCY
+
+
+@pytest.fixture(scope="module")
+def big():
+    """10,000 nodes with filled routing tables, shared by the tests that only read them
+    (each test that kills nodes revives them)."""
+    net = SimNetwork(latency=LATENCY)
+    nodes = make_nodes(net, 10_000, config=DhtConfig(request_timeout=0.1), seed=7)
+    fill_tables(nodes, seed=7)
+    return net, nodes
+
+
+def true_closest(nodes, target: bytes, k: int, exclude=None) -> list[bytes]:
+    t = int.from_bytes(target, "big")
+    ranked = sorted((n for n in nodes if n is not exclude), key=lambda n: n.contact.num ^ t)
+    return [n.public_key for n in ranked[:k]]
+
+
+async def test_10k_lookups_find_the_true_k_closest(big, autojump_clock):
+    net, nodes = big
+    rng = random.Random(1)
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        hops, msgs, rtts = [], [], []
+        for i in range(100):
+            src = rng.choice(nodes)
+            target = key_id(b"lookup-%d" % i)
+            sent, start = src.messages_sent, trio.current_time()
+            lookup = await src.lookup(target)
+            rtts.append((trio.current_time() - start) / RTT)
+            msgs.append(src.messages_sent - sent)
+            hops.append(lookup.hops())
+            assert [c.public_key for c in lookup.closest()] == true_closest(nodes, target, 20, src)
+        nursery.cancel_scope.cancel()
+    print(f"\n10k nodes: hops p50 {statistics.median(hops)} max {max(hops)}, "
+          f"messages p50 {statistics.median(msgs)}, round trips p50 {statistics.median(rtts):.1f} "
+          f"max {max(rtts):.1f}")
+    assert statistics.median(rtts) <= 4.5  # the ≤ 4 round-trip target is reported by benchmarks/dht.py
+
+
+async def test_10k_gets_survive_30_percent_dead(big, autojump_clock):
+    net, nodes = big
+    rng = random.Random(2)
+    keys = [b"/open/churn-%d" % i for i in range(300)]
+    try:
+        async with trio.open_nursery() as nursery:
+            for node in nodes:
+                node.start(nursery)
+            for key in keys:
+                assert await rng.choice(nodes).put(key, key + b"-value") >= 15
+            net.dead.update(n.public_key for n in rng.sample(nodes, 3000))
+            alive = [n for n in nodes if n.public_key not in net.dead]
+            got = 0
+            for key in keys:
+                record = await rng.choice(alive).get(key)
+                got += record is not None and record.value == key + b"-value"
+            nursery.cancel_scope.cancel()
+    finally:
+        net.dead.clear()
+    assert got == len(keys), f"{len(keys) - got} of {len(keys)} gets failed with 30% dead"
+
+
+@pytest.fixture
+def small():
+    net = SimNetwork(latency=0.0)
+    nodes = make_nodes(net, 300, config=DhtConfig(request_timeout=0.1), seed=3)
+    fill_tables(nodes, seed=3)
+    return net, nodes
+
+
+async def test_nodes_join_through_one_bootstrap_node(autojump_clock):
+    net = SimNetwork(latency=LATENCY)
+    nodes = make_nodes(net, 150, seed=5)
+    first = nodes[0]
+    for node in nodes[1:]:
+        assert await node.bootstrap([first.own_contact()]) > 0
+    for node in nodes:  # one round of the self-lookup timer, so early joiners meet later ones
+        await node.find_node(node.id)
+    rng = random.Random(5)
+    recall = []
+    for i in range(50):
+        src = rng.choice(nodes)
+        target = key_id(b"join-%d" % i)
+        found = [c.public_key for c in await src.find_node(target)]
+        truth = true_closest(nodes, target, 20, src)
+        assert found[:5] == truth[:5]
+        recall.append(len(set(found) & set(truth)) / 20)
+    print(f"\njoin: mean recall {statistics.mean(recall):.3f}, min {min(recall)}")
+    assert statistics.mean(recall) >= 0.97
+
+
+async def test_stale_replicas_are_corrected_after_a_get(small):
+    net, nodes = small
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        key = b"/open/model-version"
+        writer, reader = nodes[0], nodes[1]
+        assert await writer.put(key, b"v1", seq=1) >= 15
+        holders = [net.nodes[pk] for pk in true_closest(nodes, key_id(key), 20)]
+        assert holders[5].records.get(key, writer.wall()).value == b"v1"
+        v2 = await _signed(writer, key, b"v2", seq=2)
+        holders[0].records.put(v2, writer.wall())  # the nearest replica alone learns of v2
+        record = await reader.get(key)
+        assert record.value == b"v2" and record.seq == 2
+        await trio.testing.wait_all_tasks_blocked()
+        now = writer.wall()
+        values = [h.records.get(key, now) for h in holders if h is not reader]
+        assert all(r is not None and r.value == b"v2" for r in values)
+        nursery.cancel_scope.cancel()
+
+
+async def _signed(node, key: bytes, value: bytes, seq: int) -> Record:
+    from dht.records import sign_record
+
+    return sign_record(key, value, public_key=node.public_key, sign=node._sign, seq=seq,
+                       expires=int(node.wall() + 3600))
+
+
+async def test_concurrent_lookups_of_one_target_share_their_queries(small):
+    net, nodes = small
+    src, target = nodes[5], key_id(b"shared")
+    results = []
+
+    async def look():
+        results.append(await src.find_node(target))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(look)
+    shared_cost = src.messages_sent
+    await src.find_node(target)
+    single_cost = src.messages_sent - shared_cost
+    assert results[0] == results[4]
+    assert shared_cost <= 1.5 * single_cost  # five at once cost about what one costs, not five times
+
+
+async def test_client_mode_nodes_query_but_are_never_stored(small):
+    net, nodes = small
+    client = nodes[7]
+    client.server_mode = False
+    for node in nodes:
+        if node is not client:
+            node.table.remove(client.contact)
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        found = await client.find_node(key_id(b"anything"))
+        assert len(found) == 20
+        assert await client.put(b"/open/from-a-client", b"x") >= 15
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert not any(client.contact in node.table for node in nodes)
+    assert nodes[8].server_mode and any(nodes[8].contact in node.table for node in nodes)
+
+
+async def test_providers_are_found_and_republishing_is_spread_out(small):
+    net, nodes = small
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        provider = nodes[10]
+        start = trio.current_time()
+        keys = [b"shard-%d" % i for i in range(64)]
+        stored = await provider.provide_many(keys)
+        assert min(stored.values()) >= 15
+        for seeker in nodes[20:25]:
+            found = await seeker.find_providers(keys[3])
+            assert [c.public_key for c in found] == [provider.public_key]
+            assert found[0].addrs == provider.own_contact().addrs
+        nursery.cancel_scope.cancel()
+    interval = provider.config.provider_republish
+    due = sorted(when - start for when in provider._provided.values())
+    assert due[-1] - due[0] > interval * 0.25  # first republishes spread, not all at once
+    assert all(interval * 0.5 <= t <= interval for t in due)
+
+
+async def test_add_provider_floods_are_rate_limited_per_peer(small):
+    net, nodes = small
+    target, flooder, other = nodes[0], nodes[1], nodes[2]
+    msg = {"keys": [b"k%d" % i for i in range(16)], "ttl": 3600.0, "a": ["sim:1"]}
+    refused = 0
+    for _ in range(50):
+        try:
+            await target.handle(flooder.public_key, ADD_PROVIDER, msg)
+        except Refused as exc:
+            assert "slow down" in str(exc)
+            refused += 1
+    assert refused >= 35  # a burst of 200 keys, then nothing more within the same instant
+    reply = await target.handle(other.public_key, ADD_PROVIDER, msg)
+    assert reply["added"] == 16
+    entries = target.providers.get(b"k0", target.wall())
+    assert {c.public_key for c, _ in entries} == {flooder.public_key, other.public_key}
+
+
+async def test_full_bucket_checks_its_oldest_entry_and_replaces_it_if_dead(autojump_clock):
+    net = SimNetwork(latency=LATENCY)
+    nodes = make_nodes(net, 400, config=DhtConfig(k=2, request_timeout=0.1), seed=9)
+    me = nodes[0]
+    far = [n for n in nodes[1:] if me.table.bucket_of(n.contact) == 255][:3]
+    async with trio.open_nursery() as nursery:
+        me.start(nursery)
+        await me.handle(far[0].public_key, "dht.ping", {"from": ["sim:a"]})
+        await me.handle(far[1].public_key, "dht.ping", {"from": ["sim:b"]})
+        net.dead.add(far[0].public_key)
+        await trio.sleep(61)  # mock clock: the entries were heard from over a minute ago
+        await me.handle(far[2].public_key, "dht.ping", {"from": ["sim:c"]})
+        await trio.testing.wait_all_tasks_blocked()
+        assert far[2].contact not in me.table  # waits while the oldest is checked
+        await trio.sleep(1)  # mock clock: moves time past the check's 0.1 s timeout, nothing else runs
+        nursery.cancel_scope.cancel()
+    assert far[0].contact not in me.table and far[1].contact in me.table
