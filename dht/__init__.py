@@ -1,4 +1,18 @@
-"""Kademlia DHT: ids, routing table, lookups, records, providers (issue 4; not built yet).
+"""Kademlia DHT: ids, routing table, lookups, signed records, providers.
 
-A library on its own: it never imports meshd, cli, crdt or nat.
+A library on its own: it never imports meshd, cli, crdt or nat.  Peers are
+reached through the small :class:`~dht.network.Network` interface, which
+meshd implements over its RPC layer and :mod:`dht.simnet` in memory.
 """
+
+from .ids import Contact, ContactError, key_id, node_id
+from .network import DhtError, Network, Refused, Unreachable
+from .node import DhtConfig, DhtNode
+from .records import Record, RecordError, Validators, owned_key
+from .storage import Database, StoreFull
+
+__all__ = [
+    "Contact", "ContactError", "Database", "DhtConfig", "DhtError", "DhtNode", "Network",
+    "Record", "RecordError", "Refused", "StoreFull", "Unreachable", "Validators", "key_id",
+    "node_id", "owned_key",
+]

@@ -101,6 +101,7 @@ class DhtNode:
             for contact in db.load_contacts():
                 if contact != self.contact:
                     self.table.update(contact)
+        self._restored = self.providers.keys_of(public_key)  # provided before a restart
 
     @staticmethod
     def clock() -> float:
@@ -442,6 +443,9 @@ class DhtNode:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run the node's timers until cancelled: bucket refresh, self-lookup,
         republishing, expiry, and saving the routing table.  Saves on exit."""
+        interval = self.config.provider_republish
+        for key in self._restored:
+            self._provided.setdefault(key, self.clock() + interval * self.rng.uniform(0.5, 1.0))
         async with trio.open_nursery() as nursery:
             self.start(nursery)
             nursery.start_soon(self._save_loop)

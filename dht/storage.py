@@ -388,6 +388,10 @@ class ProviderStore:
         self._drop(expired)
         return len(expired)
 
+    def keys_of(self, public_key: bytes) -> list[bytes]:
+        """The keys ``public_key`` is listed as a provider of."""
+        return [key for key, entries in self._providers.items() if public_key in entries]
+
     def stats(self) -> dict[str, int]:
         """``{"keys": keys with providers, "providers": entries in all}``."""
         return {"keys": len(self._providers), "providers": self._total}
