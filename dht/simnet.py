@@ -64,11 +64,12 @@ class SimEndpoint:
 
 def make_nodes(network: SimNetwork, count: int, *, config: DhtConfig | None = None,
                seed: int = 0) -> list[DhtNode]:
-    """``count`` nodes with fresh Ed25519 keys, registered on ``network``."""
+    """``count`` nodes with Ed25519 keys drawn from ``seed`` (the same seed
+    gives the same network), registered on ``network``."""
     rng = random.Random(seed)
     nodes = []
     for i in range(count):
-        key = Ed25519PrivateKey.generate()
+        key = Ed25519PrivateKey.from_private_bytes(rng.randbytes(32))
         pk = key.public_key().public_bytes_raw()
         node = DhtNode(network.endpoint(pk), pk, key.sign, addrs=lambda i=i: [f"sim:{i}"],
                        config=config, rng=random.Random(rng.getrandbits(64)))
