@@ -6,13 +6,13 @@ meshd implements over its RPC layer and :mod:`dht.simnet` in memory.
 """
 
 from .ids import Contact, ContactError, key_id, node_id
-from .network import DhtError, Network, Refused, Unreachable
+from .network import DhtError, Network, RateLimited, Refused, Unreachable
 from .node import DhtConfig, DhtNode
 from .records import Record, RecordError, Validators, owned_key
 from .storage import Database, StoreFull
 
 __all__ = [
     "Contact", "ContactError", "Database", "DhtConfig", "DhtError", "DhtNode", "Network",
-    "Record", "RecordError", "Refused", "StoreFull", "Unreachable", "Validators", "key_id",
+    "RateLimited", "Record", "RecordError", "Refused", "StoreFull", "Unreachable", "Validators", "key_id",
     "node_id", "owned_key",
 ]

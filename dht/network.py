@@ -32,6 +32,10 @@ class Refused(DhtError):
     """A request was understood and refused: malformed, over a limit, or rate-limited."""
 
 
+class RateLimited(Refused):
+    """A peer sent more than its share of requests; it may retry later."""
+
+
 class Network(Protocol):
     async def call(self, contact: Contact, method: str, msg: dict) -> dict:
         """Send ``msg`` to ``contact``'s ``method`` and return its answer.

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 import trio
 
 from . import messages as m
-from .ids import Contact, key_id
+from .ids import MAX_ADDRS, Contact, key_id
 from .lookup import Lookup
 from .network import (ADD_PROVIDER, FIND_NODE, GET_PROVIDERS, GET_VALUE, PING, PUT_VALUE,
                       DhtError, Network, Refused, Unreachable)
@@ -215,13 +215,27 @@ class DhtNode:
         return (await self.lookup(target)).closest()
 
     async def find_peer(self, public_key: bytes) -> Contact | None:
-        """The contact (with addresses) of the node with ``public_key``, if the DHT knows it."""
+        """The node with ``public_key`` with every address the network gives
+        for it, or None if nobody knows it.
+
+        Always asks the network (a peer that moved is still in our table at
+        its old address): the nodes nearest its id report the addresses they
+        have, which come first; our own table's come last.
+        """
         wanted = Contact(public_key)
-        for contact in self.table.contacts():
-            if contact == wanted:
-                return contact
-        found = [c for c in await self.find_node(wanted.id) if c == wanted]
-        return found[0] if found else None
+        reported: dict[str, None] = {}
+
+        def on_reply(lookup: Lookup, contact: Contact, reply: dict) -> list[Contact]:
+            nodes = m.nodes(m.per_key(reply, "nodes", 1)[0])
+            for node in nodes:
+                if node == wanted:
+                    reported.update(dict.fromkeys(node.addrs))
+            return nodes
+
+        await self._lookup(wanted.id, FIND_NODE, {"ids": [wanted.id]}, on_reply)
+        known = [c for c in self.table.contacts() if c == wanted]
+        addrs = list(dict.fromkeys([*reported, *(known[0].addrs if known else ())]))[:MAX_ADDRS]
+        return Contact(public_key, tuple(addrs)) if addrs else None
 
     async def bootstrap(self, seeds: list[Contact]) -> int:
         """Join through ``seeds``: ask each, look ourselves up, then fill the

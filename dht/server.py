@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from . import messages as m
 from .ids import Contact, key_id
 from .network import (ADD_PROVIDER, FIND_NODE, GET_PROVIDERS, GET_VALUE, PING, PUT_VALUE,
-                      Refused)
+                      RateLimited, Refused)
 from .records import Record, RecordError
 
 if TYPE_CHECKING:
@@ -111,4 +111,4 @@ class DhtServer:
 
     def _charge(self, limiter, sender: Contact, cost: int, what: str) -> None:
         if not limiter.allow(sender.public_key, self.node.clock(), cost):
-            raise Refused(f"too many {what} requests from this peer; slow down")
+            raise RateLimited(f"too many {what} requests from this peer; slow down")

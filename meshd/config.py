@@ -1,9 +1,9 @@
 """Node configuration: ``config.toml`` in the data directory, every key defaulted.
 
-Sections mirror the dataclasses below.  Unknown sections or keys, and values
-of the wrong type, are errors that name the key, so a typo is never silently
-ignored.  ``render`` writes every key with its value, which is what
-``meshd init`` puts on disk.
+Sections mirror the dataclasses below.  Unknown sections or keys, values of
+the wrong type, and values outside a key's choices are errors that name the
+key, so a typo is never silently ignored.  ``render`` writes every key with
+its value, which is what ``meshd init`` puts on disk.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from dht.node import DhtConfig
 
 from .transport import TransportConfig
 
@@ -60,6 +62,28 @@ class RelayConfig:
     reserve_at_bootstrap: bool = True  # ask bootstrap peers to relay for us (renewed before expiry)
 
 
+_DHT = DhtConfig()
+
+
+@dataclass
+class DhtSection:
+    # "auto": a DHT server (stores records, answers lookups) unless AutoNAT finds the
+    # node unreachable; "server" or "client" fix the role.
+    mode: str = field(default="auto", metadata={"choices": ("auto", "server", "client")})
+    k: int = _DHT.k  # bucket size and replication factor
+    alpha: int = _DHT.alpha  # queries in flight per lookup
+    request_timeout: float = _DHT.request_timeout
+    get_quorum: int = _DHT.get_quorum  # a get stops after this many replicas answered
+    record_ttl: float = _DHT.record_ttl
+    provider_ttl: float = _DHT.provider_ttl
+    provider_republish: float = _DHT.provider_republish
+
+    def dht_config(self) -> DhtConfig:
+        """The library's config: these keys, its defaults for the rest."""
+        keys = {f.name for f in dataclasses.fields(DhtConfig)}
+        return DhtConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in keys})
+
+
 @dataclass
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
@@ -68,6 +92,7 @@ class Config:
     peers: PeersConfig = field(default_factory=PeersConfig)
     nat: NatConfig = field(default_factory=NatConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
+    dht: DhtSection = field(default_factory=DhtSection)
 
     @classmethod
     def load(cls, data_dir: Path) -> "Config":
@@ -92,7 +117,12 @@ class Config:
             for key, value in values.items():
                 if key not in fields:
                     raise ConfigError(f"{source}: unknown key {section_name}.{key}")
-                setattr(section, key, _checked(value, getattr(section, key), f"{section_name}.{key}", source))
+                name = f"{section_name}.{key}"
+                value = _checked(value, getattr(section, key), name, source)
+                choices = fields[key].metadata.get("choices")
+                if choices and value not in choices:
+                    raise ConfigError(f"{source}: {name} must be one of {', '.join(choices)}, not {value!r}")
+                setattr(section, key, value)
 
     def render(self) -> str:
         """TOML text with every section and key written out."""

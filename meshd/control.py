@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 import trio
 
+from dht.ids import Contact
+from dht.network import DhtError
+from dht.records import RecordError
 from nat.stun_client import StunFailure
 
 from .address import AddressError, HostPort
@@ -124,7 +127,69 @@ def control_server(node: "Node") -> RpcServer:
                           ("connect", connect), ("disconnect", disconnect), ("call", call),
                           ("nat", nat), ("stun", stun), ("relay", relay), ("punch", punch)):
         server.register(name, handler)
+    for name, handler in _dht_methods(node).items():
+        server.register(name, _dht_errors(handler))
     return server
+
+
+def _dht_methods(node: "Node") -> dict:
+    """``dht.put``, ``dht.get``, ``dht.provide``, ``dht.providers`` and ``dht.routing``."""
+    dht = node.dht
+
+    async def put(arg, ctx):
+        key, value = _field(arg, "key", bytes), _field(arg, "value", bytes)
+        ttl = arg.get("ttl")
+        if ttl is not None and (not isinstance(ttl, (int, float)) or ttl <= 0):
+            raise InvalidArgument("ttl must be a positive number of seconds")
+        return {"key": key, "replicas": await dht.put(key, value, ttl=ttl)}
+
+    async def get(arg, ctx):
+        record = await dht.get(_field(arg, "key", bytes))
+        if record is None:
+            return None
+        return {"key": record.key, "value": record.value, "author": str(PeerId(record.public_key)),
+                "seq": record.seq, "expires": record.expires}
+
+    async def provide(arg, ctx):
+        key = _field(arg, "key", bytes)
+        return {"key": key, "replicas": await dht.provide(key)}
+
+    async def providers(arg, ctx):
+        key = _field(arg, "key", bytes)
+        count = arg.get("count", 20)
+        if type(count) is not int or not 0 < count <= 1000:
+            raise InvalidArgument("count must be an integer from 1 to 1000")
+        found = await dht.find_providers(key, count)
+        return [_contact(contact) for contact in found]
+
+    async def routing(arg, ctx):
+        info = dht.routing_info()
+        info["peer_id"] = str(node.peer_id)
+        info["contacts"] = [{"peer_id": str(PeerId(bytes.fromhex(c.pop("public_key")))), **c}
+                            for c in info["contacts"]]
+        return info
+
+    return {"dht.put": put, "dht.get": get, "dht.provide": provide, "dht.providers": providers,
+            "dht.routing": routing}
+
+
+def _contact(contact: Contact) -> dict:
+    return {"peer_id": str(PeerId(contact.public_key)), "addrs": list(contact.addrs)}
+
+
+def _dht_errors(handler):
+    """``handler`` with the DHT's errors as RPC errors: a refused record (unknown
+    namespace, too large, another's key) is INVALID_ARGUMENT, the rest UNAVAILABLE."""
+
+    async def wrapped(arg, ctx):
+        try:
+            return await handler(arg, ctx)
+        except RecordError as exc:
+            raise InvalidArgument(str(exc)) from None
+        except DhtError as exc:
+            raise Unavailable(f"DHT: {exc}") from None
+
+    return wrapped
 
 
 def _peer_uid(sock: socket.socket) -> int:
@@ -253,6 +318,35 @@ class Client:
             "call", {"peer": str(peer), "method": method, "arg": arg, "timeout": timeout},
             timeout=timeout + 5,
         )
+
+    async def dht_put(self, key: bytes, value: bytes, ttl: float | None = None) -> int:
+        """Store ``value`` under ``key`` (``b"/open/NAME"`` or ``b"/owned/<our key hex>/NAME"``),
+        signed by the daemon's key, for ``ttl`` seconds (default ``dht.record_ttl``).
+
+        Returns how many other nodes took it; raises InvalidArgument when the
+        record is refused (unknown namespace, value over 16 KiB, another's key).
+        """
+        arg = {"key": key, "value": value} if ttl is None else {"key": key, "value": value, "ttl": ttl}
+        return (await self.request("dht.put", arg))["replicas"]
+
+    async def dht_get(self, key: bytes) -> dict | None:
+        """The best record found under ``key``: ``{key, value, author (PeerId),
+        seq, expires (unix time)}``, or None."""
+        return await self.request("dht.get", {"key": key})
+
+    async def dht_provide(self, key: bytes) -> int:
+        """Announce the daemon as a provider of ``key`` (re-announced until it
+        stops); returns how many other nodes took the announcement."""
+        return (await self.request("dht.provide", {"key": key}))["replicas"]
+
+    async def dht_providers(self, key: bytes, count: int = 20) -> list[dict]:
+        """Up to ``count`` providers of ``key``: ``[{peer_id, addrs}]``."""
+        return await self.request("dht.providers", {"key": key, "count": count})
+
+    async def dht_routing(self) -> dict:
+        """The DHT routing table: mode, size, buckets, contacts (peer_id, addrs,
+        bucket), and how many records and provided keys are held."""
+        return await self.request("dht.routing")
 
 
 @asynccontextmanager

@@ -19,9 +19,11 @@ import math
 import random
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Sequence
 
 import trio
+
+from dht.network import DhtError
 
 from ._version import __version__
 from .address import AddressError, HostPort, PeerAddr, plain_address
@@ -31,6 +33,7 @@ from .punch import HolePuncher
 from .relay import Relay
 from .config import Config
 from .control import serve_control
+from .dhtrpc import create_dht, run_dht
 from .identity import PeerId, PeerIdError, load_or_create_identity
 from .peerrpc import PeerRpc
 from .peerstore import PeerRecord, PeerStore
@@ -81,6 +84,7 @@ class Node:
         self.relay = Relay(self, config.relay)
         self.puncher = HolePuncher(self)
         self.portmap = PortMapper(self.endpoint)
+        self.dht = create_dht(self)  # after autonat: "auto" mode reads its verdict
 
     # --- addresses -------------------------------------------------------------
 
@@ -95,6 +99,23 @@ class Node:
         hp = self.listen_address
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(hp.host, hp.host)
         return PeerAddr(self.peer_id, HostPort(host, hp.port))
+
+    def advertised_addresses(self) -> list[str]:
+        """HOST:PORT texts where strangers may dial us directly, for the DHT:
+        the listen address unless it is a wildcard, the NAT-PMP mapping, the
+        public addresses STUN saw when our NAT's mapping does not depend on the
+        destination, and the address an AutoNAT dial-back reached.  Never a
+        relayed or virtual address."""
+        listen = self.listen_address
+        found = [] if listen.host in ("0.0.0.0", "::") else [listen]
+        if self.portmap.mapped is not None:
+            found.append(self.portmap.mapped)
+        report = self.stun.mapping
+        if report is not None and report.hole_punching_works:
+            found += [HostPort(*address) for address in report.public_addresses]
+        if self.autonat.status == "public" and self.autonat.address:
+            found.append(HostPort.parse(self.autonat.address))
+        return list(dict.fromkeys(str(hp) for hp in found))
 
     # --- connections -----------------------------------------------------------
 
@@ -181,13 +202,16 @@ class Node:
         self.peerstore.seen(peer, rtt_ms=_ms(conn.rtt), path=conn.path,
                             agent=agent if isinstance(agent, str) else None)
 
-    async def connection(self, peer: PeerId) -> PeerConnection:
-        """The live connection to ``peer``, dialing its known addresses if needed.
+    async def connection(self, peer: PeerId, *, hints: Sequence[str] = (),
+                         find: bool = True) -> PeerConnection:
+        """The live connection to ``peer``, dialing if needed: its stored
+        addresses, then ``hints`` (HOST:PORT heard of elsewhere), then through
+        relays, then (if ``find``) the addresses the DHT knows for it.
 
         Raises Unavailable when no address is known or none answers.
         """
-        conn = self._conns.get(peer)
-        if conn is not None and conn.close_reason is None:
+        conn = self._live(peer)
+        if conn is not None:
             return conn
         if peer == self.peer_id:
             raise InvalidArgument("cannot connect to ourselves")
@@ -199,20 +223,50 @@ class Node:
                 raise Unavailable(f"could not reach {peer}")
             return conn
         record = self.peerstore.get(peer)
-        errors = []
-        for text in record.addrs if record else []:
-            try:
-                return await self._dial(PeerAddr(peer, HostPort.parse(text)))
-            except (DialError, AddressError) as exc:
-                errors.append(str(exc))
+        errors: dict[str, str] = {}  # what was tried -> why it failed
+        conn = await self._dial_any(peer, [*(record.addrs if record else []), *hints], errors)
+        if conn is not None:
+            return conn
         for relay in self._relays(record):
             try:
                 return await self.connect_via(relay, peer)
             except RpcError as exc:
-                errors.append(f"via {relay.short()}: {exc.message}")
+                label = f"via {relay.short()}"
+                errors[label] = f"{label}: {exc.message}"
+        if find:
+            addrs = await self._dht_addresses(peer)  # the lookup itself may connect us to the peer
+            conn = self._live(peer) or await self._dial_any(peer, addrs, errors)
+            if conn is not None:
+                return conn
         if not errors:
             raise Unavailable(f"no known address for {peer}; connect to PEERID@HOST:PORT first")
-        raise Unavailable(f"could not reach {peer}: " + "; ".join(errors))
+        raise Unavailable(f"could not reach {peer}: " + "; ".join(errors.values()))
+
+    def _live(self, peer: PeerId) -> PeerConnection | None:
+        conn = self._conns.get(peer)
+        return conn if conn is not None and conn.close_reason is None else None
+
+    async def _dial_any(self, peer: PeerId, addrs: Sequence[str],
+                        errors: dict[str, str]) -> PeerConnection | None:
+        """Dial ``addrs`` in turn, skipping those in ``errors``; the first
+        connection, or None with each failure added to ``errors``."""
+        for text in addrs:
+            if text in errors:
+                continue
+            try:
+                return await self._dial(PeerAddr(peer, HostPort.parse(text)))
+            except (DialError, AddressError) as exc:
+                errors[text] = str(exc)
+        return None
+
+    async def _dht_addresses(self, peer: PeerId) -> tuple[str, ...]:
+        """The addresses the DHT has for ``peer`` (a lookup unless our routing table has it)."""
+        try:
+            contact = await self.dht.find_peer(peer.key)
+        except DhtError as exc:
+            log.debug("DHT lookup of %s failed: %s", peer, exc)
+            return ()
+        return contact.addrs if contact is not None else ()
 
     def _relays(self, record: PeerRecord | None) -> list[PeerId]:
         """Connected relays that may carry a connection to the peer: those it
@@ -407,6 +461,7 @@ class Node:
             host_port = HostPort.parse(self.config.node.listen, allow_zero_port=True)
             await nursery.start(self.endpoint.serve, host_port.host, host_port.port)
             await nursery.start(serve_control, self)
+            await nursery.start(run_dht, self)
             if self.config.nat.port_mapping and host_port.host == "0.0.0.0":
                 nursery.start_soon(self.portmap.run)
             if self.configured_stun:
@@ -484,7 +539,8 @@ async def open_node(
 
     ``listen`` and ``bootstrap`` override the config file.  The identity key
     is created on first use.  Leaving the block closes every connection
-    (peers are told) and flushes the peer store.
+    (peers are told), saves the DHT's routing table and flushes the peer
+    store and the DHT database.
     """
     data_dir = Path(data_dir).expanduser()
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -510,3 +566,4 @@ async def open_node(
                 nursery.cancel_scope.cancel()
     finally:
         node.peerstore.close()
+        node.dht.db.close()

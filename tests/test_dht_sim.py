@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from dht.ids import key_id
+from dht.ids import Contact, key_id
 from dht.network import ADD_PROVIDER, Refused
 from dht.node import DhtConfig
 from dht.records import Record
@@ -232,3 +232,19 @@ async def test_full_bucket_checks_its_oldest_entry_and_replaces_it_if_dead(autoj
         await trio.sleep(1)  # mock clock: moves time past the check's 0.1 s timeout, nothing else runs
         nursery.cancel_scope.cancel()
     assert far[0].contact not in me.table and far[1].contact in me.table
+
+
+async def test_find_peer_reports_the_addresses_a_moved_peer_announced(small):
+    net, nodes = small
+    seeker, mover = nodes[11], nodes[12]
+    seeker.table.update(mover.own_contact())  # the seeker knows the old address
+    mover._addrs = lambda: ["sim:new-address"]
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        await mover.find_node(mover.id)  # its neighbours hear from it at the new address
+        seeker.table.update(Contact(mover.public_key, ("sim:12",)))  # the seeker still has the old one
+        found = await seeker.find_peer(mover.public_key)
+        assert await seeker.find_peer(bytes(32)) is None
+        nursery.cancel_scope.cancel()
+    assert found.addrs == ("sim:new-address", "sim:12")  # the old address last
