@@ -455,6 +455,27 @@ class Node:
         await self.stun.discover(stun_servers)
         await self.autonat.keep_checking()
 
+    def close_idle(self, older_than: float) -> list[PeerId]:
+        """Close connections that have had no stream for ``older_than`` seconds,
+        except to peers this node depends on: bootstrap peers and relays in
+        either direction.  Returns the peers closed."""
+        now = trio.current_time()
+        keep = {addr.peer_id for addr in self.bootstrap}
+        keep.update(self.relay.reserved_at, self.relay.reservations)
+        idle = [conn for peer, conn in self._conns.items() if peer not in keep
+                and conn.open_streams == 0 and now - conn.last_stream_at >= older_than]
+        for conn in idle:
+            del self._conns[conn.peer_id]
+            conn.close(reason=f"idle for {older_than:g} s")
+        return [conn.peer_id for conn in idle]
+
+    async def _close_idle_loop(self, older_than: float) -> None:
+        while True:
+            await trio.sleep(older_than / 4)
+            closed = self.close_idle(older_than)
+            if closed:
+                log.debug("closed %d idle connections", len(closed))
+
     async def _run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -466,6 +487,8 @@ class Node:
                 nursery.start_soon(self.portmap.run)
             if self.configured_stun:
                 nursery.start_soon(self._watch_nat, self.configured_stun)
+            if self.config.transport.close_idle_after > 0:
+                nursery.start_soon(self._close_idle_loop, self.config.transport.close_idle_after)
             for addr in self.bootstrap:
                 if addr.peer_id == self.peer_id:
                     log.info("skipping bootstrap entry %s: it is this node", addr.hostport)

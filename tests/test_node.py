@@ -44,6 +44,35 @@ async def test_peer_store_survives_a_restart(tmp_path):
             assert await b.rpc.call(a.peer_id, "ping", "hi") == "hi"
 
 
+async def test_idle_connections_close_but_bootstrap_and_busy_ones_stay(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0", bootstrap=[str(a.address)]) as b, \
+            meshd.open_node(tmp_path / "c", listen="127.0.0.1:0") as c, \
+            meshd.open_node(tmp_path / "d", listen="127.0.0.1:0") as d:
+        started, release = trio.Event(), trio.Event()
+
+        async def hold(arg, ctx):
+            started.set()
+            await release.wait()
+            return "done"
+
+        b.rpc.register("hold", hold)
+        with trio.fail_after(10):
+            await b.wait_connected(a.peer_id)
+            await c.connect(b.address)
+            await d.connect(b.address)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(d.rpc.call, b.peer_id, "hold", None)
+                await started.wait()
+                while c.peer_id in b._conns:  # identify may still be running on it
+                    await b._conns[c.peer_id].wait_idle()
+                    closed = b.close_idle(older_than=0)
+                    assert a.peer_id not in closed and d.peer_id not in closed
+                assert {a.peer_id, d.peer_id} <= set(b._conns)  # the bootstrap peer, the busy one
+                release.set()
+        assert b.close_idle(older_than=3600) == []  # nothing has been idle that long
+
+
 async def test_simultaneous_dials_settle_on_one_shared_connection(tmp_path):
     async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
             meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:

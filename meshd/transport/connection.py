@@ -112,6 +112,7 @@ class PeerConnection:
         self.close_reason: str | None = None
         self.created_at = trio.current_time()
         self.last_received = self.created_at
+        self.last_stream_at = self.created_at  # when a stream last opened or ended
         self._streams: dict[int, QuicCallStream] = {}
         self._last_peer_stream = -1
         self._idle = trio.lowlevel.ParkingLot()  # wait_idle() callers
@@ -313,6 +314,7 @@ class PeerConnection:
 
     def _add_stream(self, stream: QuicCallStream) -> None:
         self._streams[stream.stream_id] = stream
+        self.last_stream_at = trio.current_time()
         self._tx_streams = max(self._tx_streams, len(self._streams))
 
     def send_buffered(self, stream_id: int) -> int:
@@ -379,6 +381,7 @@ class PeerConnection:
         self._consumed.pop(stream.stream_id, None)
         self._blocked.discard(stream)
         if not self._streams:
+            self.last_stream_at = trio.current_time()
             self._idle.unpark_all()
 
     async def wait_idle(self) -> None:

@@ -55,6 +55,7 @@ class TransportConfig:
     stream_window: int = 4 << 20
     connection_window: int = 16 << 20
     max_connections: int = 256
+    close_idle_after: float = 120.0  # close a connection without streams this long (0: never)
 
 
 def _is_loopback(host: str) -> bool:
