@@ -77,6 +77,7 @@ class Node:
         self._dialing: dict[PeerId, trio.Event] = {}
         self._connected_events: dict[PeerId, trio.Event] = {}
         self._recent_addresses: dict[tuple[str, int], float] = {}  # closed connections, when
+        self._observed: dict[str, None] = {}  # our HOST:PORT as direct peers saw it, newest last
         self._nursery: trio.Nursery | None = None
         self.rpc.register("ping", _ping)
         self.rpc.register("identify", self._identify)
@@ -105,9 +106,11 @@ class Node:
         the listen address unless it is a wildcard, the NAT-PMP mapping, the
         public addresses STUN saw when our NAT's mapping does not depend on the
         destination, and the address an AutoNAT dial-back reached.  Never a
-        relayed or virtual address."""
+        relayed or virtual address.  On a wildcard listen address, the
+        addresses direct peers saw us at with our own port stand in for it
+        (no port translation on the way: a LAN or a public host)."""
         listen = self.listen_address
-        found = [] if listen.host in ("0.0.0.0", "::") else [listen]
+        found = [HostPort.parse(text) for text in self._observed] if listen.host in ("0.0.0.0", "::") else [listen]
         if self.portmap.mapped is not None:
             found.append(self.portmap.mapped)
         report = self.stun.mapping
@@ -116,6 +119,19 @@ class Node:
         if self.autonat.status == "public" and self.autonat.address:
             found.append(HostPort.parse(self.autonat.address))
         return list(dict.fromkeys(str(hp) for hp in found))
+
+    def _note_observed(self, text: object) -> None:
+        """Remember where a direct peer saw us, if it kept our listen port (at most 4, newest kept)."""
+        try:
+            hp = HostPort.parse(text) if isinstance(text, str) else None
+        except AddressError:
+            return
+        if hp is None or hp.port != self.listen_address.port:
+            return
+        self._observed.pop(str(hp), None)
+        self._observed[str(hp)] = None
+        while len(self._observed) > 4:
+            self._observed.pop(next(iter(self._observed)))
 
     # --- connections -----------------------------------------------------------
 
@@ -192,6 +208,7 @@ class Node:
         except Exception as exc:  # a peer that cannot identify is still a peer
             log.debug("identify %s failed: %s", peer, exc)
             return
+        self._note_observed(info.get("observed") if isinstance(info, dict) else None)
         listen = _listen_addresses(info, remote)
         if listen:
             self.peerstore.add_addresses(peer, listen)
@@ -260,7 +277,7 @@ class Node:
         return None
 
     async def _dht_addresses(self, peer: PeerId) -> tuple[str, ...]:
-        """The addresses the DHT has for ``peer`` (a lookup unless our routing table has it)."""
+        """The addresses the DHT has for ``peer`` (asks the network)."""
         try:
             contact = await self.dht.find_peer(peer.key)
         except DhtError as exc:

@@ -165,3 +165,15 @@ async def test_a_peer_known_only_to_the_dht_is_reached_by_peer_id(tmp_path):
         with trio.fail_after(15):
             assert await d.rpc.call(c.peer_id, "ping", "found", timeout=10) == "found"
         assert str(c.listen_address) in d.peerstore.get(c.peer_id).addrs
+
+
+async def test_wildcard_listener_advertises_where_direct_peers_see_it(tmp_path):
+    cfg = config()
+    cfg.nat.port_mapping = False  # no NAT-PMP probes of the default gateway from a test
+    async with AsyncExitStack() as stack:
+        [a] = await open_nodes(stack, tmp_path, "a")
+        b = await stack.enter_async_context(meshd.open_node(tmp_path / "b", listen="0.0.0.0:0", config=cfg))
+        assert b.advertised_addresses() == []  # nothing known yet
+        await b.connect(a.address)
+        port = b.listen_address.port
+        await wait_for(lambda: b.advertised_addresses() == [f"127.0.0.1:{port}"], "the observed address")
