@@ -113,3 +113,20 @@ async def test_unknown_peer_and_bad_input_are_clear_errors(tmp_path):
     with pytest.raises(meshd.AddressError, match="PEERID@HOST:PORT"):
         async with meshd.open_node(tmp_path / "b", listen="127.0.0.1:0", bootstrap=["1.2.3.4:5"]):
             pass
+
+
+async def test_a_failing_quic_state_machine_ends_its_connection_not_the_node(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
+        await b.connect(a.address)
+        conn = b._conns[a.peer_id]
+
+        def broken():  # what aioquic 1.7.2 raised once in a 20-daemon test
+            raise OverflowError("int too large to convert to float")
+
+        conn.quic.get_timer = broken
+        conn._timer_scope.cancel()  # wake the timer loop now
+        with trio.fail_after(5):
+            await conn.terminated.wait()
+        assert "internal error" in conn.close_reason
+        assert await b.rpc.call(a.peer_id, "ping", "still here", timeout=5) == "still here"

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .endpoint import Endpoint
 
 log = logging.getLogger("meshd.transport")
+_INTERNAL_ERROR = "internal error in the QUIC state machine"
 
 ALPN = "meshd/1"
 STREAM_CANCELLED = 0x10  # application error code on RESET_STREAM / STOP_SENDING
@@ -137,12 +138,19 @@ class PeerConnection:
     # --- lifecycle -------------------------------------------------------------
 
     async def run(self) -> None:
-        """Drive timers, flushes and keepalives until the connection terminates."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._flush_loop)
-            nursery.start_soon(self._keepalive_loop)
-            await self._timer_loop()
-            nursery.cancel_scope.cancel()
+        """Drive timers, flushes and keepalives until the connection terminates.
+
+        If aioquic's state machine fails (a bug, not peer input: that is
+        contained where datagrams arrive), this connection ends; the node goes on.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._flush_loop)
+                nursery.start_soon(self._keepalive_loop)
+                await self._timer_loop()
+                nursery.cancel_scope.cancel()
+        except Exception:
+            self._internal_error()
 
     async def _timer_loop(self) -> None:
         while not self.terminated.is_set():
@@ -198,6 +206,14 @@ class PeerConnection:
 
     def transmit(self) -> None:
         """Send every datagram aioquic has ready, then re-arm its timer."""
+        if self.terminated.is_set() and self.close_reason == _INTERNAL_ERROR:
+            return
+        try:
+            self._transmit()
+        except Exception:
+            self._internal_error()
+
+    def _transmit(self) -> None:
         quic = self.quic
         send = self.endpoint.send_datagram
         self._tx_writes = 0
@@ -210,6 +226,13 @@ class PeerConnection:
             self._timer_at = timer
             if self._timer_scope is not None:
                 self._timer_scope.deadline = timer
+
+    def _internal_error(self) -> None:
+        """aioquic's state machine raised (a bug, not peer input: that is
+        contained where datagrams arrive): end this connection, keep the node."""
+        log.exception("QUIC state machine failed on the connection to %s", self.peer_id)
+        self.close_reason = _INTERNAL_ERROR
+        self._finish(_INTERNAL_ERROR)
 
     def schedule_transmit(self) -> None:
         """Flush soon, once for many writes; in a large burst, part of it at once.
@@ -293,8 +316,14 @@ class PeerConnection:
         self.endpoint.connection_established(self)
 
     def _on_terminated(self, event: ev.ConnectionTerminated) -> None:
+        self._finish(event.reason_phrase or _close_reason(event.error_code, self.peer_id))
+
+    def _finish(self, reason: str) -> None:
+        """The connection is over: fail its streams and tell whoever waits."""
+        if self.terminated.is_set():
+            return
         if self.close_reason is None:
-            self.close_reason = event.reason_phrase or _close_reason(event.error_code, self.peer_id)
+            self.close_reason = reason
         self._fail_streams(f"connection lost: {self.close_reason}")
         self.terminated.set()
         self.established.set()  # wake anyone waiting for a handshake that will not come
