@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test bench clean coturn nftables
+.PHONY: demo test bench bench-dht clean coturn nftables
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
@@ -14,6 +14,9 @@ test: $(STAMP) coturn nftables
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/rpc.py
+
+bench-dht: $(STAMP)
+	$(VENV)/bin/python benchmarks/dht.py
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)

@@ -38,7 +38,8 @@ class DhtConfig:
     beta: int = 3  # a lookup ends when this many of the nearest nodes it knows have answered
     request_timeout: float = 3.0  # seconds per query
     lookup_timeout: float = 30.0  # seconds per lookup, whatever peers do
-    get_quorum: int = 5  # a get stops after this many replicas answered with a record
+    get_quorum: int = 4  # a get stops after this many replicas answered with a record
+    put_quorum: int = 5  # a put returns once this many of the k closest stored it (the rest go on)
     record_ttl: float = 24 * 3600.0
     record_republish: float = 3600.0  # stored records are pushed to the current k closest
     provider_ttl: float = 48 * 3600.0
@@ -268,8 +269,12 @@ class DhtNode:
 
     async def put(self, key: bytes, value: bytes, *, ttl: float | None = None,
                   seq: int | None = None) -> int:
-        """Sign and store ``value`` under ``key``; returns how many of the k
-        closest nodes stored it.  The record is also kept (and republished) here.
+        """Sign and store ``value`` under ``key`` at the k closest nodes.
+
+        The record is on this node's disk first (and republished from here).
+        Returns once ``put_quorum`` of the k closest have stored it, or all
+        have answered: how many stored it by then.  While the node runs, the
+        other replicas are written in the background.
 
         Raises RecordError when the record would be refused (unknown namespace,
         too large, another owner's key).
@@ -282,8 +287,37 @@ class DhtNode:
         record = sign_record(key, value, public_key=self.public_key, sign=self._sign,
                              seq=seq, expires=int(now + ttl))
         self.records.put(record, now)
-        stored = await self.put_records([record])
-        return stored[key]
+        closest = await self.find_node(key_id(key))
+        return await self._send_until(closest, PUT_VALUE, {"records": [record.to_wire()]},
+                                      self.config.put_quorum)
+
+    async def _send_until(self, contacts: list[Contact], method: str, msg: dict, enough: int) -> int:
+        """Send one request to every contact at once; return how many accepted
+        it (a map with no refusal in ``stored``) once ``enough`` did or all
+        have answered.  Stragglers finish in the node's background nursery."""
+        accepted, answered = 0, 0
+        done = trio.Event()
+
+        async def send(contact: Contact) -> None:
+            nonlocal accepted, answered
+            reply = await self._try(contact, method, msg)
+            stored = reply.get("stored") if isinstance(reply, dict) else None
+            accepted += isinstance(stored, list) and len(stored) == 1 and stored[0] is None
+            answered += 1
+            if accepted >= enough or answered == len(contacts):
+                done.set()
+
+        if not contacts:
+            return 0
+        if self._nursery is None:
+            async with trio.open_nursery() as nursery:
+                for contact in contacts:
+                    nursery.start_soon(send, contact)
+            return accepted
+        for contact in contacts:
+            self._nursery.start_soon(send, contact)
+        await done.wait()
+        return accepted
 
     async def put_records(self, records: list[Record]) -> dict[bytes, int]:
         """Store signed records at the k nodes closest to each key, several

@@ -48,6 +48,8 @@ class AutoNat:
         self.status = "unknown"  # "public", "private" or "unknown"
         self.address: str | None = None  # the address that was dialed back
         self.via: str | None = None  # the peer that dialed
+        self.settled = trio.Event()  # the first round of checks ended, with a verdict or without
+        self.changed = trio.lowlevel.ParkingLot()  # unparked whenever the status changes
         node.rpc.register("autonat.request", self._serve_request)
         node.rpc.register("autonat.dial_back", self._serve_dial_back)
 
@@ -69,7 +71,10 @@ class AutoNat:
                 log.debug("autonat via %s: %s", peer, exc)
                 continue
             if isinstance(verdict, dict) and isinstance(verdict.get("reachable"), bool):
-                self.status = "public" if verdict["reachable"] else "private"
+                status = "public" if verdict["reachable"] else "private"
+                if status != self.status:
+                    self.status = status
+                    self.changed.unpark_all()
                 self.address = str(verdict.get("address"))
                 self.via = str(verdict.get("via"))
                 log.info("AutoNAT: %s at %s (dialed by %s)", self.status, self.address, self.via)
@@ -86,6 +91,7 @@ class AutoNat:
                     break
                 await trio.sleep(delay)  # peers, or a third peer for them, may still be coming
                 delay = min(delay * 2, 60.0)
+            self.settled.set()
             await self._node.stun.address_changed.park()
 
     def _contacted(self) -> list[str]:

@@ -74,6 +74,7 @@ class DhtSection:
     alpha: int = _DHT.alpha  # queries in flight per lookup
     request_timeout: float = _DHT.request_timeout
     get_quorum: int = _DHT.get_quorum  # a get stops after this many replicas answered
+    put_quorum: int = _DHT.put_quorum  # a put returns once this many stored the record
     record_ttl: float = _DHT.record_ttl
     provider_ttl: float = _DHT.provider_ttl
     provider_republish: float = _DHT.provider_republish

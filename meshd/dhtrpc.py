@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshd.dht")
 
 DB_FILE = "dht.sqlite"
-MODE_CHECK_INTERVAL = 1.0  # seconds between looks at the AutoNAT verdict in "auto" mode
+AUTONAT_WAIT = 120.0  # seconds "auto" mode waits for a first AutoNAT verdict before joining
 _UNREACHABLE = (Unavailable, DeadlineExceeded, Cancelled)
 
 
@@ -114,7 +114,7 @@ async def _follow_reachability(node: "Node") -> None:
         if server != node.dht.server_mode:
             node.dht.server_mode = server
             log.info("DHT %s mode: AutoNAT says %s", "server" if server else "client", node.autonat.status)
-        await trio.sleep(MODE_CHECK_INTERVAL)
+        await node.autonat.changed.park()
 
 
 async def _join(node: "Node") -> None:
@@ -123,6 +123,11 @@ async def _join(node: "Node") -> None:
     backoff while the table is empty."""
     seeds = [Contact(addr.peer_id.key, (str(addr.hostport),))
              for addr in node.bootstrap if addr.peer_id != node.peer_id]
+    if node.config.dht.mode == "auto" and node.configured_stun:
+        # Lookups send to many peers, and a peer we sent to cannot be AutoNAT's
+        # independent dial-back: let the first verdict come first.
+        with trio.move_on_after(AUTONAT_WAIT):
+            await node.autonat.settled.wait()
     if not seeds and not len(node.dht.table):
         return  # the first node of a network: others join through it
     delay = 0.5

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import trio
 
+from dht.node import DhtConfig
 import meshd
 from meshd.localmesh import Daemon
 from test_daemons import daemons, one_line_error  # noqa: F401  (daemons: the fixture)
 
 NODES = 20
+PUT_QUORUM = DhtConfig().put_quorum  # a put returns once this many replicas stored it
 KILLED = 6
 # Dead peers are noticed in about a second and a dead DHT contact costs 2 s,
 # so the run stays short on a small machine.
@@ -84,7 +86,7 @@ async def test_twenty_daemons_share_records_and_providers_through_failures(daemo
 
         # A record put on one node is found from every other.
         writer, provider = nodes[1], nodes[2]
-        assert (await each([writer], lambda client: client.dht_put(KEY, VALUE)))[0] >= NODES // 2
+        assert (await each([writer], lambda client: client.dht_put(KEY, VALUE)))[0] >= PUT_QUORUM
         records = await each(nodes, lambda client: client.dht_get(KEY))
         assert [value_of(r) for r in records] == [VALUE] * NODES
         assert {r["author"] for r in records} == {writer.peer_id}
@@ -97,7 +99,7 @@ async def test_twenty_daemons_share_records_and_providers_through_failures(daemo
 
         # meshctl: text and 0x-hex keys and values.
         put = nodes[3].meshctl("dht", "put", "cli-key", "text value")
-        assert put["key"] == "/open/cli-key" and put["replicas"] >= NODES // 2
+        assert put["key"] == "/open/cli-key" and put["replicas"] >= PUT_QUORUM
         assert nodes[4].meshctl("dht", "get", "cli-key")["value"] == "text value"
         assert nodes[3].meshctl("dht", "put", "0xc0ffee", "0x00ff10")["key"] == "0x2f6f70656e2fc0ffee"
         got = nodes[5].meshctl("dht", "get", "0xc0ffee")

@@ -138,10 +138,10 @@ async def test_client_mode_is_served_but_never_routed_to(tmp_path):
 async def test_auto_mode_follows_the_autonat_verdict(tmp_path):
     async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a:
         assert a.config.dht.mode == "auto" and a.dht.server_mode
-        a.autonat.status = "private"
-        await wait_for(lambda: not a.dht.server_mode, "the DHT to switch to client mode")
-        a.autonat.status = "public"
-        await wait_for(lambda: a.dht.server_mode, "the DHT to switch back to server mode")
+        for status, server in (("private", False), ("public", True)):
+            a.autonat.status = status  # what AutoNat.check does on a new verdict
+            a.autonat.changed.unpark_all()
+            await wait_for(lambda: a.dht.server_mode == server, f"the DHT to follow {status!r}")
 
 
 def test_dht_mode_is_checked_when_the_config_is_read():
