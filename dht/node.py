@@ -29,6 +29,7 @@ from .server import DhtServer
 from .storage import Database, ProviderStore, RecordStore
 
 log = logging.getLogger("dht")
+_MAX_FAILED = 4096  # nodes remembered as recently failed
 
 
 @dataclass
@@ -49,6 +50,7 @@ class DhtConfig:
     peer_rate: float = 20.0  # PUT_VALUE records and ADD_PROVIDER keys per second per peer
     peer_burst: int = 200
     save_delay: float = 1.0  # routing table changes are written to disk this long after
+    failed_memory: float = 60.0  # seconds a node that failed a query is left out of lookups
     maintenance_interval: float = 60.0
 
 
@@ -96,6 +98,7 @@ class DhtNode:
         self.messages_sent = 0
         self._shared: dict[tuple, _Shared] = {}
         self._provided: dict[bytes, float] = {}  # key -> when to republish (trio time)
+        self._failed: dict[bytes, float] = {}  # public key -> when it last failed a query
         self._nursery: trio.Nursery | None = None
         self._table_changed = trio.Event()
         if db is not None:
@@ -147,7 +150,8 @@ class DhtNode:
         """Run one iterative lookup.  ``on_reply`` checks a peer's answer (raising
         Refused if it is unusable) and returns the contacts it names."""
         cfg = self.config
-        lookup = Lookup(target, self.table.closest(target, cfg.k), k=cfg.k, alpha=cfg.alpha,
+        seeds = [c for c in self.table.closest(target, cfg.k + len(self._failed)) if self._usable(c)]
+        lookup = Lookup(target, seeds[:cfg.k], k=cfg.k, alpha=cfg.alpha,
                         beta=cfg.beta, exclude=self.public_key)
         self.table.touch(target, self.clock())
         send, receive = trio.open_memory_channel(math.inf)
@@ -159,8 +163,9 @@ class DhtNode:
             except DhtError:
                 lookup.failed(contact)
                 self.table.failed(contact)
+                self._note_failure(contact)
             else:
-                lookup.answered(contact, [c for c in closer if c != self.contact])
+                lookup.answered(contact, [c for c in closer if c != self.contact and self._usable(c)])
                 if m.is_server(reply):
                     self.heard_from(contact)
                 else:
@@ -177,6 +182,18 @@ class DhtNode:
                     await receive.receive()
                 nursery.cancel_scope.cancel()
         return lookup
+
+    def _note_failure(self, contact: Contact) -> None:
+        self._failed.pop(contact.public_key, None)
+        self._failed[contact.public_key] = self.clock()
+        while len(self._failed) > _MAX_FAILED:
+            self._failed.pop(next(iter(self._failed)))
+
+    def _usable(self, contact: Contact) -> bool:
+        """False for a node that failed a query within ``failed_memory`` seconds:
+        peers go on naming a dead node until they notice themselves."""
+        when = self._failed.get(contact.public_key)
+        return when is None or self.clock() - when >= self.config.failed_memory
 
     async def _once(self, key: tuple, run: Callable[[], Awaitable]):
         """Run ``run()``, or wait for the identical run already going and share its result."""

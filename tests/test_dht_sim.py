@@ -248,3 +248,26 @@ async def test_find_peer_reports_the_addresses_a_moved_peer_announced(small):
         assert await seeker.find_peer(bytes(32)) is None
         nursery.cancel_scope.cancel()
     assert found.addrs == ("sim:new-address", "sim:12")  # the old address last
+
+
+async def test_a_node_that_failed_a_query_is_left_out_of_later_lookups(small):
+    net, nodes = small
+    target = key_id(b"near a dead node")
+    seeker = nodes[30]
+    [dead_key] = true_closest(nodes, target, 1, seeker)
+    net.dead.add(dead_key)
+    try:
+        async with trio.open_nursery() as nursery:
+            for node in nodes:
+                node.start(nursery)
+            await seeker.find_node(target)
+            assert net.calls[dead_key] == 1  # tried once, timed out
+            for node in nodes:  # the others still name it in their answers
+                if node is not seeker and node.public_key != dead_key:
+                    node.table.update(net.nodes[dead_key].own_contact())
+            found = await seeker.find_node(target)
+            nursery.cancel_scope.cancel()
+    finally:
+        net.dead.clear()
+    assert net.calls[dead_key] == 1  # not asked again
+    assert dead_key not in {c.public_key for c in found}
