@@ -51,14 +51,17 @@ def contact(obj: object) -> Contact:
         raise Refused(str(exc)) from None
 
 
+def addrs(obj: object, name: str) -> tuple[str, ...]:
+    """A list of addresses, checked as a contact's are."""
+    if not isinstance(obj, list):
+        raise Refused(f"{name!r} must be a list of addresses")
+    return contact({"pk": bytes(32), "a": obj}).addrs
+
+
 def sender_addrs(msg: dict) -> tuple[str, ...] | None:
     """The addresses a server-mode sender gives in ``from``; None for a client-mode sender."""
     claimed = msg.get("from")
-    if claimed is None:
-        return None
-    if not isinstance(claimed, list):
-        raise Refused("'from' must be a list of addresses")
-    return contact({"pk": bytes(32), "a": claimed}).addrs
+    return None if claimed is None else addrs(claimed, "from")
 
 
 def per_key(reply: object, name: str, count: int) -> list:

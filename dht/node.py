@@ -89,7 +89,8 @@ class DhtNode:
         self.validators = validators or Validators.default()
         self.wall = wall
         self.rng = rng or random.Random()
-        self.table = RoutingTable(self.id, k=config.k)
+        self._table_changed = trio.Event()
+        self.table = RoutingTable(self.id, k=config.k, on_change=lambda: self._table_changed.set())
         self.records = RecordStore(db, self.id, self.validators)
         self.providers = ProviderStore(db)
         self.put_limiter = RateLimiter(config.peer_rate, config.peer_burst)
@@ -100,7 +101,6 @@ class DhtNode:
         self._provided: dict[bytes, float] = {}  # key -> when to republish (trio time)
         self._failed: dict[bytes, float] = {}  # public key -> when it last failed a query
         self._nursery: trio.Nursery | None = None
-        self._table_changed = trio.Event()
         if db is not None:
             for contact in db.load_contacts():
                 if contact != self.contact:
@@ -123,7 +123,6 @@ class DhtNode:
         if contact == self.contact:
             return
         oldest = self.table.update(contact, self.clock())
-        self._table_changed.set()
         if oldest is not None and self._nursery is not None:
             self._nursery.start_soon(self._check_liveness, oldest)
 
@@ -251,8 +250,8 @@ class DhtNode:
             return nodes
 
         await self._lookup(wanted.id, FIND_NODE, {"ids": [wanted.id]}, on_reply)
-        known = [c for c in self.table.contacts() if c == wanted]
-        addrs = list(dict.fromkeys([*reported, *(known[0].addrs if known else ())]))[:MAX_ADDRS]
+        known = self.table.get(wanted)
+        addrs = list(dict.fromkeys([*reported, *(known.addrs if known else ())]))[:MAX_ADDRS]
         return Contact(public_key, tuple(addrs)) if addrs else None
 
     async def bootstrap(self, seeds: list[Contact]) -> int:
@@ -447,9 +446,8 @@ class DhtNode:
             entries = m.per_key(reply, "providers", 1)[0]
             if not isinstance(entries, list) or len(entries) > m.MAX_PROVIDERS:
                 raise Refused("bad provider list")
-            for entry in entries:
-                found.setdefault(m.contact({"pk": entry.get("pk"), "a": entry.get("a", [])}
-                                           if isinstance(entry, dict) else None), None)
+            for entry in entries:  # contacts with an "exp" beside them
+                found.setdefault(m.contact(entry), None)
             if len(found) >= count:
                 lookup.stop()
             return m.nodes(m.per_key(reply, "nodes", 1)[0])

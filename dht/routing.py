@@ -19,6 +19,7 @@ import ipaddress
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .ids import ID_BITS, Contact
 
@@ -59,7 +60,8 @@ class RoutingTable:
     """Contacts by XOR distance from ``own_id``, ``k`` per bucket."""
 
     def __init__(self, own_id: bytes, *, k: int = 20, replacements: int = 20,
-                 max_per_prefix: int = 3, max_failures: int = 3, check_after: float = 60.0):
+                 max_per_prefix: int = 3, max_failures: int = 3, check_after: float = 60.0,
+                 on_change: Callable[[], None] = lambda: None):
         self.own_id = own_id
         self.own_num = int.from_bytes(own_id, "big")
         self.k = k
@@ -67,6 +69,7 @@ class RoutingTable:
         self.max_per_prefix = max_per_prefix
         self.max_failures = max_failures
         self.check_after = check_after
+        self._on_change = on_change  # called when a contact enters, leaves or moves
         self._buckets: dict[int, _Bucket] = {}
         self._size = 0
 
@@ -74,10 +77,14 @@ class RoutingTable:
         return self._size
 
     def __contains__(self, contact: Contact) -> bool:
+        return self.get(contact) is not None
+
+    def get(self, contact: Contact) -> Contact | None:
+        """The table's entry for ``contact``'s key (with the addresses it holds), if any."""
         if contact.num == self.own_num:
-            return False
+            return None
         bucket = self._buckets.get(self.bucket_of(contact))
-        return bucket is not None and contact.public_key in bucket.entries
+        return None if bucket is None else bucket.entries.get(contact.public_key)
 
     def bucket_of(self, contact: Contact) -> int:
         """The index of the bucket ``contact`` belongs in (ValueError for our own id)."""
@@ -102,7 +109,9 @@ class RoutingTable:
             bucket = self._buckets[index] = _Bucket()
         pk = contact.public_key
         if pk in bucket.entries:
-            bucket.entries[pk] = contact  # addresses may have changed
+            if bucket.entries[pk].addrs != contact.addrs:
+                bucket.entries[pk] = contact
+                self._on_change()
             bucket.entries.move_to_end(pk)
             bucket.failures.pop(pk, None)
             bucket.heard[pk] = now
@@ -114,6 +123,7 @@ class RoutingTable:
             bucket.heard[pk] = now
             bucket.replacements.pop(pk, None)
             self._size += 1
+            self._on_change()
             return None
         bucket.replacements[pk] = contact
         bucket.replacements.move_to_end(pk)
@@ -174,6 +184,7 @@ class RoutingTable:
         bucket.failures.pop(pk, None)
         when = bucket.heard.pop(pk)
         self._size -= 1
+        self._on_change()
         while bucket.replacements:
             _, replacement = bucket.replacements.popitem(last=True)
             if self._prefix_allows(bucket, replacement):

@@ -86,7 +86,7 @@ class DhtServer:
     async def _add_provider(self, sender: Contact, msg: dict) -> dict:
         keys = m.keys(msg)
         self._charge(self.node.provider_limiter, sender, len(keys), "ADD_PROVIDER")
-        addrs = m.contact({"pk": sender.public_key, "a": msg.get("a", [])}).addrs
+        addrs = m.addrs(msg.get("a", []), "a")
         ttl = msg.get("ttl")
         if not isinstance(ttl, (int, float)) or ttl <= 0:
             raise Refused("'ttl' must be a positive number of seconds")

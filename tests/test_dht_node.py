@@ -10,19 +10,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from dht.ids import Contact, key_id
 from dht.network import ADD_PROVIDER, FIND_NODE, GET_VALUE, PUT_VALUE, Refused
 from dht.node import DhtConfig, DhtNode
-from dht.records import MAX_VALUE, sign_record
+from dht.records import MAX_VALUE
 from dht.simnet import SimNetwork, fill_tables, make_nodes
 from dht.storage import Database
+from test_dht_records import Author
 
 
-class Key:
-    def __init__(self):
-        self.private = Ed25519PrivateKey.generate()
-        self.public = self.private.public_key().public_bytes_raw()
-
-    def record(self, key: bytes, value: bytes, seq: int = 1, ttl: int = 3600):
-        return sign_record(key, value, public_key=self.public, sign=self.private.sign, seq=seq,
-                           expires=int(time.time()) + ttl)
+def fresh(author: Author, key: bytes, value: bytes):
+    """A record that is valid now (the shared helper defaults to a fixed clock)."""
+    return author.record(key, value, seq=1, expires=int(time.time()) + 3600)
 
 
 @pytest.fixture
@@ -47,19 +43,19 @@ def node():
 ])
 async def test_malformed_requests_are_refused_with_the_reason(node, method, msg, reason):
     with pytest.raises(Refused, match=reason):
-        await node.handle(Key().public, method, msg)
-    assert (await node.handle(Key().public, FIND_NODE, {"ids": [bytes(32)]}))["nodes"]  # still serving
+        await node.handle(Author().public_key, method, msg)
+    assert (await node.handle(Author().public_key, FIND_NODE, {"ids": [bytes(32)]}))["nodes"]  # still serving
 
 
 async def test_bad_records_are_refused_one_by_one(node):
-    author = Key()
-    good = author.record(b"/open/good", b"v")
-    forged = dataclasses.replace(author.record(b"/open/forged", b"v"), value=b"changed")
-    big = author.record(b"/open/big", b"x" * MAX_VALUE)
+    author = Author()
+    good = fresh(author, b"/open/good", b"v")
+    forged = dataclasses.replace(fresh(author, b"/open/forged", b"v"), value=b"changed")
+    big = fresh(author, b"/open/big", b"x" * MAX_VALUE)
     too_big = good.to_wire() | {"k": b"/open/too-big", "v": b"x" * (MAX_VALUE + 1)}
-    not_owner = author.record(b"/owned/" + Key().public.hex().encode() + b"/name", b"v")
-    unknown = author.record(b"/elsewhere/x", b"v")
-    reply = await node.handle(author.public, PUT_VALUE, {"records": [
+    not_owner = fresh(author, b"/owned/" + Author().public_key.hex().encode() + b"/name", b"v")
+    unknown = fresh(author, b"/elsewhere/x", b"v")
+    reply = await node.handle(author.public_key, PUT_VALUE, {"records": [
         good.to_wire(), forged.to_wire(), big.to_wire(), too_big, not_owner.to_wire(), unknown.to_wire()]})
     ok, bad_sig, ok_big, oversize, wrong_owner, bad_ns = reply["stored"]
     assert ok is None and ok_big is None
@@ -72,11 +68,11 @@ async def test_bad_records_are_refused_one_by_one(node):
 
 
 async def test_a_provider_is_the_authenticated_sender_whatever_the_message_says(node):
-    sender, claimed = Key(), Key()
-    await node.handle(sender.public, ADD_PROVIDER,
-                      {"keys": [b"shard"], "ttl": 60.0, "a": ["10.0.0.1:4100"], "pk": claimed.public})
+    sender, claimed = Author(), Author()
+    await node.handle(sender.public_key, ADD_PROVIDER,
+                      {"keys": [b"shard"], "ttl": 60.0, "a": ["10.0.0.1:4100"], "pk": claimed.public_key})
     [(provider, _)] = node.providers.get(b"shard", node.wall())
-    assert provider.public_key == sender.public and provider.addrs == ("10.0.0.1:4100",)
+    assert provider.public_key == sender.public_key and provider.addrs == ("10.0.0.1:4100",)
 
 
 async def test_routing_table_records_and_provided_keys_survive_a_restart(tmp_path):

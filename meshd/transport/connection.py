@@ -206,7 +206,7 @@ class PeerConnection:
 
     def transmit(self) -> None:
         """Send every datagram aioquic has ready, then re-arm its timer."""
-        if self.terminated.is_set() and self.close_reason == _INTERNAL_ERROR:
+        if self.close_reason == _INTERNAL_ERROR:  # the state machine is not to be trusted
             return
         try:
             self._transmit()
