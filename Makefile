@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test bench bench-dht clean coturn nftables
+.PHONY: demo test bench bench-dht bench-crdt clean coturn nftables
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
@@ -18,9 +18,12 @@ bench: $(STAMP)
 bench-dht: $(STAMP)
 	$(VENV)/bin/python benchmarks/dht.py
 
+bench-crdt: $(STAMP)
+	$(VENV)/bin/python benchmarks/crdt.py
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -c constraints.txt -e '.[torch,test]'
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[torch,test,bench]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

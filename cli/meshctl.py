@@ -17,6 +17,7 @@ from rich.table import Table
 import meshd
 from dht.records import RecordError, owned_key
 
+from . import crdt_commands
 from .common import data_dir_argument, fail
 
 console = Console()
@@ -294,12 +295,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("key")
     p.add_argument("-n", "--count", type=int, default=20, help="at most this many (default 20)")
     add_dht("routing", cmd_dht_routing, "the routing table")
+    crdt_commands.add_parser(sub, common)
     return parser
 
 
 async def _run(args) -> None:
     async with meshd.connect(args.data_dir) as client:
         result, show = await args.func(client, args)
+    if show is None:  # the command printed as it went
+        return
     if args.json:
         print(json.dumps(result, default=lambda v: v.hex() if isinstance(v, bytes) else repr(v)))
     else:

@@ -9,6 +9,7 @@ from ._version import __version__
 from .address import AddressError, HostPort, PeerAddr
 from .config import Config, ConfigError
 from .control import Client, DaemonNotRunning, connect
+from .docclient import RemoteDocument, split_path
 from .identity import Identity, IdentityError, PeerId, PeerIdError
 from .node import Node, open_node
 from .rpc import (
@@ -31,6 +32,6 @@ __all__ = [
     "AddressError", "CallContext", "Cancelled", "Client", "Config", "ConfigError",
     "DaemonNotRunning", "DeadlineExceeded", "FrameTooLargeError", "HostPort", "Identity",
     "IdentityError", "Internal", "InvalidArgument", "Node", "NotFound", "PeerAddr", "PeerId",
-    "PeerIdError", "PermissionDenied", "ProtocolViolation", "ResourceExhausted", "RpcError",
-    "Unavailable", "UnknownMethod", "__version__", "connect", "open_node",
+    "PeerIdError", "PermissionDenied", "ProtocolViolation", "RemoteDocument", "ResourceExhausted",
+    "RpcError", "Unavailable", "UnknownMethod", "__version__", "connect", "open_node", "split_path",
 ]

@@ -86,6 +86,16 @@ class DhtSection:
 
 
 @dataclass
+class CrdtSection:
+    sync_interval: float = 10.0  # seconds between anti-entropy syncs of each document
+    discover_interval: float = 60.0  # seconds between provider lookups for a document's replicas
+    max_peers: int = 16  # replicas a document syncs and pushes with
+    join_timeout: float = 10.0  # seconds opening another node's document waits for a first sync
+    compact_every: int = 10_000  # changes between snapshots of a document
+    max_pending: int = 10_000  # early changes held per document while their dependencies arrive
+
+
+@dataclass
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
@@ -94,6 +104,7 @@ class Config:
     nat: NatConfig = field(default_factory=NatConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
     dht: DhtSection = field(default_factory=DhtSection)
+    crdt: CrdtSection = field(default_factory=CrdtSection)
 
     @classmethod
     def load(cls, data_dir: Path) -> "Config":

@@ -23,10 +23,12 @@ from dht.records import RecordError
 from nat.stun_client import StunFailure
 
 from .address import AddressError, HostPort
+from .doccontrol import crdt_methods
 from .identity import PeerId, PeerIdError
-from .rpc import InvalidArgument, RpcServer, Unavailable, unary_call
+from .rpc import InvalidArgument, ResponseStream, RpcServer, Unavailable, unary_call
 from .streams import SocketCallStream
 from .transport import DialError
+from .docclient import RemoteDocument
 
 if TYPE_CHECKING:
     from .node import Node
@@ -129,6 +131,8 @@ def control_server(node: "Node") -> RpcServer:
         server.register(name, handler)
     for name, handler in _dht_methods(node).items():
         server.register(name, _dht_errors(handler))
+    for name, handler in crdt_methods(node).items():
+        server.register(name, handler)
     return server
 
 
@@ -266,6 +270,10 @@ class Client:
         """Call a control method of the daemon."""
         return await unary_call(self._open, method, arg, timeout, _MAX_FRAME)
 
+    def stream(self, method: str, arg: object = None) -> ResponseStream:
+        """A server-streaming control method: ``async for item in client.stream(...)``."""
+        return ResponseStream(self._open, method, arg, None, _MAX_FRAME)
+
     async def id(self) -> dict:
         return await self.request("id")
 
@@ -342,6 +350,16 @@ class Client:
     async def dht_providers(self, key: bytes, count: int = 20) -> list[dict]:
         """Up to ``count`` providers of ``key``: ``[{peer_id, addrs}]``."""
         return await self.request("dht.providers", {"key": key, "count": count})
+
+    async def document(self, ref: str, *, create: bool = False) -> "RemoteDocument":
+        """The daemon's replica of document ``ref`` (``NAME`` or ``PEERID/NAME``),
+        created (ours) or joined (another node's) if the daemon does not keep it yet."""
+        await self.request("crdt.open", {"doc": ref, "create": create})
+        return RemoteDocument(self, ref)
+
+    async def documents(self) -> list[dict]:
+        """Every document the daemon keeps: ref, changes, peers, writers, ..."""
+        return await self.request("crdt.ls")
 
     async def dht_routing(self) -> dict:
         """The DHT routing table: mode, size, buckets, contacts (peer_id, addrs,

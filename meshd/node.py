@@ -34,6 +34,7 @@ from .relay import Relay
 from .config import Config
 from .control import serve_control
 from .dhtrpc import create_dht, run_dht
+from .replication import Replication
 from .identity import PeerId, PeerIdError, load_or_create_identity
 from .peerrpc import PeerRpc
 from .peerstore import PeerRecord, PeerStore
@@ -86,6 +87,7 @@ class Node:
         self.puncher = HolePuncher(self)
         self.portmap = PortMapper(self.endpoint)
         self.dht = create_dht(self)  # after autonat: "auto" mode reads its verdict
+        self.docs = Replication(self, config.crdt)
 
     # --- addresses -------------------------------------------------------------
 
@@ -500,6 +502,7 @@ class Node:
             await nursery.start(self.endpoint.serve, host_port.host, host_port.port)
             await nursery.start(serve_control, self)
             await nursery.start(run_dht, self)
+            await nursery.start(self.docs.run)
             if self.config.nat.port_mapping and host_port.host == "0.0.0.0":
                 nursery.start_soon(self.portmap.run)
             if self.configured_stun:
@@ -607,3 +610,4 @@ async def open_node(
     finally:
         node.peerstore.close()
         node.dht.db.close()
+        node.docs.store.close()

@@ -1,0 +1,176 @@
+"""Replicated documents from a training script: the client side of ``crdt.*``.
+
+::
+
+    async with meshd.connect("~/.meshd") as client:
+        doc = await client.document("run42", create=True)
+        await doc.counter("progress/steps").inc(100)
+        async with doc.transaction() as tx:          # one signed change
+            tx.set("model/current", "gpt@7")
+            tx.add("members", "worker-3")
+        print(await doc.get())
+        async for event in doc.changes():           # every change from now on
+            ...
+
+A path is a list of map keys, or one string with keys separated by ``/``.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, AsyncIterator, Sequence
+
+from .identity import PeerId
+from .rpc import ResponseStream
+
+if TYPE_CHECKING:
+    from .control import Client
+
+Path = str | Sequence[str]
+
+
+def split_path(path: Path) -> list[str]:
+    """``"a/b"`` or ``["a", "b"]`` as a list of keys (``""`` or ``[]``: the root)."""
+    if isinstance(path, str):
+        return [key for key in path.split("/") if key]
+    return list(path)
+
+
+class Batch:
+    """Operations gathered by :meth:`RemoteDocument.transaction`, sent as one change."""
+
+    def __init__(self) -> None:
+        self.ops: list[list] = []
+        self.change: str | None = None  # hex id, once written
+
+    def set(self, path: Path, value: object) -> None:
+        self.ops.append(["set", split_path(path), value])
+
+    def assign(self, path: Path, value: object) -> None:
+        self.ops.append(["assign", split_path(path), value])
+
+    def inc(self, path: Path, amount: int = 1, *, grow_only: bool = False) -> None:
+        self.ops.append(["grow" if grow_only else "inc", split_path(path), amount])
+
+    def add(self, path: Path, element: int | str | bytes) -> None:
+        self.ops.append(["add", split_path(path), element])
+
+    def remove(self, path: Path, element: int | str | bytes) -> None:
+        self.ops.append(["remove", split_path(path), element])
+
+    def delete(self, path: Path) -> None:
+        self.ops.append(["delete", split_path(path)])
+
+    def grant(self, peer: PeerId | str, role: str = "writer") -> None:
+        self.ops.append(["grant", str(peer), role])
+
+    def revoke(self, peer: PeerId | str, role: str = "writer") -> None:
+        self.ops.append(["revoke", str(peer), role])
+
+
+class RemoteDocument:
+    """A document the local daemon keeps.  Every write returns once the daemon
+    has the change on disk (acknowledged); peers get it right after."""
+
+    def __init__(self, client: "Client", ref: str):
+        self.client, self.ref = client, ref
+
+    async def get(self, path: Path = ()) -> object:
+        """The value at ``path``: dict (map), list (set, sorted; or multi-value), int, or a value."""
+        return (await self.client.request("crdt.get", {"doc": self.ref, "path": split_path(path)}))["value"]
+
+    async def info(self) -> dict:
+        """Changes, heads, pending, peers, writers, readers, public, writable, equivocators."""
+        return await self.client.request("crdt.info", {"doc": self.ref})
+
+    async def write(self, ops: list[list]) -> str:
+        """Apply ``ops`` (see :mod:`meshd.doccontrol`) as one change; returns its id (hex)."""
+        return (await self.client.request("crdt.write", {"doc": self.ref, "ops": ops}))["change"]
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Batch]:
+        """Gather operations; leaving the block without an error writes them as one change."""
+        batch = Batch()
+        yield batch
+        if batch.ops:
+            batch.change = await self.write(batch.ops)
+
+    async def _one(self, method: str, *args) -> str:
+        batch = Batch()
+        getattr(batch, method)(*args)
+        return await self.write(batch.ops)
+
+    async def set(self, path: Path, value: object) -> str:
+        return await self._one("set", path, value)
+
+    async def inc(self, path: Path, amount: int = 1) -> str:
+        return await self._one("inc", path, amount)
+
+    async def add(self, path: Path, element: int | str | bytes) -> str:
+        return await self._one("add", path, element)
+
+    async def remove(self, path: Path, element: int | str | bytes) -> str:
+        return await self._one("remove", path, element)
+
+    async def delete(self, path: Path) -> str:
+        return await self._one("delete", path)
+
+    async def grant(self, peer: PeerId | str, role: str = "writer") -> str:
+        """Let ``peer`` write (or read, or ``"anyone"`` read); owner only."""
+        return await self._one("grant", peer, role)
+
+    async def revoke(self, peer: PeerId | str, role: str = "writer") -> str:
+        return await self._one("revoke", peer, role)
+
+    async def sync(self, peer: PeerId | str | None = None) -> dict:
+        """Reconcile with ``peer`` (default: every known replica) now."""
+        arg = {"doc": self.ref} if peer is None else {"doc": self.ref, "peer": str(peer)}
+        return await self.client.request("crdt.sync", arg)
+
+    def changes(self) -> ResponseStream:
+        """``async for event in doc.changes()``: each change applied from now on,
+        ``{change, author, local, time_ms, ops: [{op, path, value | key}]}``."""
+        return self.client.stream("crdt.watch", {"doc": self.ref})
+
+    # typed views of one path
+
+    def counter(self, path: Path) -> "Counter":
+        return Counter(self, split_path(path))
+
+    def register(self, path: Path) -> "Register":
+        return Register(self, split_path(path))
+
+    def elements(self, path: Path) -> "ElementSet":
+        return ElementSet(self, split_path(path))
+
+
+class _View:
+    def __init__(self, doc: RemoteDocument, path: list[str]):
+        self.doc, self.path = doc, path
+
+    async def value(self) -> object:
+        return await self.doc.get(self.path)
+
+
+class Counter(_View):
+    """A PN-counter: ``await c.value()``, ``await c.inc(n)`` (n may be negative)."""
+
+    async def inc(self, amount: int = 1) -> str:
+        return await self.doc.inc(self.path, amount)
+
+
+class Register(_View):
+    """A last-writer-wins register: ``await r.value()``, ``await r.set(v)``."""
+
+    async def set(self, value: object) -> str:
+        return await self.doc.set(self.path, value)
+
+
+class ElementSet(_View):
+    """An add-wins set: ``await s.value()`` (sorted list), ``add``, ``remove``."""
+
+    async def add(self, element: int | str | bytes) -> str:
+        return await self.doc.add(self.path, element)
+
+    async def remove(self, element: int | str | bytes) -> str:
+        return await self.doc.remove(self.path, element)

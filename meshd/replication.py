@@ -1,0 +1,370 @@
+"""Replicated documents (:mod:`crdt`) kept by a node and synced with peers.
+
+Each document a node keeps lives in ``DATA_DIR/crdt.sqlite`` and in memory.
+Replicas find each other through DHT provider records under
+``b"/crdt/" + doc id``.  Two replicas sync over one bidi RPC call,
+``crdt.sync``: range-based reconciliation of their change sets, then each
+sends the changes the other lacks.  A change made here, or new to us from a
+peer, is pushed at once (``crdt.push``, batched per peer) to the replicas we
+know; a sync with a known replica every ``crdt.sync_interval`` seconds catches
+up whatever a push missed.
+
+A local write is acknowledged only after its change is on disk.  A peer must
+be allowed to read a document to sync or push it; changes are admitted only
+if their author may write (see :mod:`crdt.document`).  A change that does not
+decode or verify costs the sender its call (INVALID_ARGUMENT).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator, Callable
+
+import msgpack
+import trio
+
+from crdt.change import Change, ChangeError, decode_change
+from crdt.document import OP_NAMES, Document, Rejected, Transaction
+from crdt.reconcile import ItemSet, Reconciler, ReconcileError
+from crdt.store import Store
+from dht.network import DhtError
+
+from .identity import PeerId, PeerIdError
+from .rpc import InvalidArgument, NotFound, PermissionDenied, RpcError
+
+if TYPE_CHECKING:
+    from .config import CrdtSection
+    from .node import Node
+
+log = logging.getLogger("meshd.crdt")
+
+DB_FILE = "crdt.sqlite"
+PROVIDER_PREFIX = b"/crdt/"
+_BATCH_BYTES = 4 << 20  # changes per frame of a sync or push
+_SYNC_TIMEOUT = 60.0
+_PUSH_TIMEOUT = 10.0
+_WATCH_BUFFER = 1024
+
+
+class DocError(Exception):
+    """A document reference or write that cannot be served (the message says why)."""
+
+
+def parse_ref(text: str, own_key: bytes) -> tuple[bytes, str]:
+    """``(owner key, name)`` from ``NAME`` (ours) or ``PEERID/NAME``."""
+    head, sep, rest = text.partition("/")
+    if sep:
+        try:
+            return PeerId.from_string(head).key, rest
+        except PeerIdError:
+            pass
+    return own_key, text
+
+
+def plain(value: object) -> object:
+    """A document value as msgpack can carry it: sets become sorted lists."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=lambda v: msgpack.packb(v))
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def describe(change: Change, *, local: bool) -> dict:
+    """A change as watchers see it."""
+    out = []
+    for op in change.ops:
+        entry = {"op": OP_NAMES[op[0]], "path": op[1]}
+        if op[0] < 6:  # SET ... REMOVE carry a value, a total or an element
+            entry["value"] = op[2] if op[0] != 3 else op[2] - op[3]
+        elif op[0] >= 7:
+            entry["key"] = str(PeerId(op[2]))
+        out.append(entry)
+    return {"change": change.id.hex(), "author": str(PeerId(change.author)), "local": local,
+            "time_ms": change.time_ms, "ops": out}
+
+
+@dataclass(eq=False)
+class _Replica:
+    doc: Document
+    peers: dict[PeerId, None] = field(default_factory=dict)  # known replicas, newest last
+    outbox: list[tuple[Change, PeerId | None]] = field(default_factory=list)
+    queued: trio.Event = field(default_factory=trio.Event)
+    wake: trio.Event = field(default_factory=trio.Event)
+    synced: trio.Event = field(default_factory=trio.Event)  # the first sync round is over
+    watchers: set = field(default_factory=set)
+    since_compact: int = 0
+
+    @property
+    def ref(self) -> str:
+        return f"{PeerId(self.doc.owner)}/{self.doc.name}"
+
+
+class Replication:
+    """The documents a node keeps, and their replication."""
+
+    def __init__(self, node: "Node", config: "CrdtSection"):
+        self._node = node
+        self._config = config
+        self.store = Store(node.data_dir / DB_FILE)
+        self._replicas: dict[bytes, _Replica] = {}
+        self._nursery: trio.Nursery | None = None
+        node.rpc.register("crdt.sync", self._serve_sync, kind="bidi")
+        node.rpc.register("crdt.push", self._serve_push)
+
+    # --- keeping documents ---------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Load the stored documents and replicate them until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for owner, name in self.store.documents():
+                self._start(self.store.load(owner, name, max_pending=self._config.max_pending))
+            task_status.started()
+            await trio.sleep_forever()
+
+    def _start(self, doc: Document) -> _Replica:
+        replica = self._replicas[doc.id] = _Replica(doc)
+        self._nursery.start_soon(self._replicate, replica)
+        self._nursery.start_soon(self._push_loop, replica)
+        return replica
+
+    async def open(self, ref: str, *, create: bool = False) -> _Replica:
+        """The replica of document ``ref`` (``NAME`` or ``PEERID/NAME``).
+
+        A document of our own is created when ``create`` is set; another
+        node's is joined: we start replicating it and wait (up to
+        ``crdt.join_timeout`` s) for a first sync with its replicas.
+        """
+        owner, name = parse_ref(ref, self._node.peer_id.key)
+        try:
+            doc = Document(owner, name, max_pending=self._config.max_pending)
+        except ValueError as exc:
+            raise DocError(str(exc)) from None
+        replica = self._replicas.get(doc.id)
+        if replica is not None:
+            return replica
+        if owner == self._node.peer_id.key and not create:
+            raise DocError(f"no document {name!r} here (create it first)")
+        self.store.add_document(doc)
+        replica = self._start(doc)
+        if owner != self._node.peer_id.key:
+            with trio.move_on_after(self._config.join_timeout):
+                await replica.synced.wait()
+        return replica
+
+    def get(self, ref: str) -> _Replica:
+        """The replica of ``ref`` if this node keeps it; DocError otherwise."""
+        owner, name = parse_ref(ref, self._node.peer_id.key)
+        for replica in self._replicas.values():
+            if replica.doc.owner == owner and replica.doc.name == name:
+                return replica
+        raise DocError(f"this node does not keep {ref!r} (open it first)")
+
+    def replicas(self) -> list[_Replica]:
+        return list(self._replicas.values())
+
+    def forget(self, ref: str) -> None:
+        """Stop keeping ``ref`` and delete it from disk."""
+        replica = self.get(ref)
+        del self._replicas[replica.doc.id]
+        self.store.remove_document(replica.doc.id)
+        for send in replica.watchers:
+            send.close()
+
+    # --- local writes and reads ------------------------------------------------------
+
+    def write(self, replica: _Replica, fill: Callable[[Transaction], None]) -> Change:
+        """Make one change with the operations ``fill`` records; returns once it is on disk.
+
+        Raises DocError if this node may not write, or an operation is bad.
+        """
+        doc = replica.doc
+        tx = doc.transaction()
+        try:
+            fill(tx)
+            change = doc.prepare(tx, self._node.peer_id.key, self._node.identity.sign,
+                                 int(time.time() * 1000))
+        except (ChangeError, Rejected) as exc:
+            raise DocError(str(exc)) from None
+        self.store.save(doc, [change])
+        doc.receive(change)
+        self._applied(replica, [change], source=None)
+        return change
+
+    async def watch(self, replica: _Replica) -> AsyncIterator[dict]:
+        """Every change applied to the document from now on, as :func:`describe` gives it."""
+        send, receive = trio.open_memory_channel(_WATCH_BUFFER)
+        replica.watchers.add(send)
+        try:
+            async with receive:
+                async for event in receive:
+                    yield event
+        finally:
+            replica.watchers.discard(send)
+
+    def _applied(self, replica: _Replica, changes: list[Change], source: PeerId | None) -> None:
+        """Tell watchers, queue pushes, and compact now and then."""
+        for send in list(replica.watchers):
+            for change in changes:
+                try:
+                    send.send_nowait(describe(change, local=source is None))
+                except trio.WouldBlock:
+                    replica.watchers.discard(send)  # it fell behind: its stream ends
+                    send.close()
+                    break
+        replica.outbox.extend((change, source) for change in changes)
+        replica.queued.set()
+        replica.since_compact += len(changes)
+        if replica.since_compact >= self._config.compact_every:
+            self.store.compact(replica.doc)
+            replica.since_compact = 0
+
+    def _ingest(self, replica: _Replica, wires: object, source: PeerId) -> int:
+        """Apply changes a peer sent; returns how many were new.  A change that does
+        not decode costs the peer its call; one the document refuses is skipped."""
+        if not isinstance(wires, list):
+            raise InvalidArgument("changes must be a list")
+        applied: list[Change] = []
+        for wire in wires:
+            try:
+                change = decode_change(wire)
+            except ChangeError as exc:
+                raise InvalidArgument(f"bad change: {exc}") from None
+            try:
+                applied += replica.doc.receive(change)
+            except Rejected as exc:
+                log.info("%s: refused a change from %s: %s", replica.ref, source.short(), exc)
+        if applied:
+            self.store.save(replica.doc, applied)
+            self._applied(replica, applied, source)
+        if replica.doc.pending:
+            replica.peers[source] = None
+            replica.wake.set()
+        return len(applied)
+
+    # --- replication ---------------------------------------------------------------------
+
+    async def _replicate(self, replica: _Replica) -> None:
+        """Announce the document, find its other replicas, and sync with them now and then."""
+        key = PROVIDER_PREFIX + replica.doc.id
+        dht, config = self._node.dht, self._config
+        next_discovery = 0.0
+        while replica.doc.id in self._replicas:
+            if trio.current_time() >= next_discovery:
+                next_discovery = trio.current_time() + config.discover_interval
+                try:
+                    await dht.provide(key)
+                    for contact in await dht.find_providers(key, config.max_peers):
+                        peer = PeerId(contact.public_key)
+                        if peer != self._node.peer_id and peer not in replica.peers:
+                            replica.peers[peer] = None
+                except DhtError as exc:
+                    log.debug("%s: provider lookup failed: %s", replica.ref, exc)
+            peers = list(replica.peers)
+            chosen = peers if not replica.synced.is_set() else random.sample(peers, min(2, len(peers)))
+            async with trio.open_nursery() as nursery:
+                for peer in chosen:
+                    nursery.start_soon(self._sync_quietly, replica, peer)
+            replica.synced.set()
+            replica.wake = trio.Event()
+            with trio.move_on_after(config.sync_interval):
+                await replica.wake.wait()
+
+    async def _sync_quietly(self, replica: _Replica, peer: PeerId) -> None:
+        try:
+            await self.sync(replica, peer)
+        except (RpcError, ReconcileError, trio.BrokenResourceError) as exc:
+            log.debug("%s: sync with %s failed: %s", replica.ref, peer.short(), exc)
+            if isinstance(exc, (NotFound, PermissionDenied)):
+                replica.peers.pop(peer, None)
+
+    async def sync(self, replica: _Replica, peer: PeerId) -> dict:
+        """Reconcile with ``peer`` now: returns ``{"sent", "received", "rounds"}``."""
+        doc = replica.doc
+        arg = {"doc": doc.id, "owner": doc.owner, "name": doc.name}
+        async with self._node.rpc.bidi(peer, "crdt.sync", arg, timeout=_SYNC_TIMEOUT) as channel:
+            result = await self._session(replica, peer, channel, initiator=True)
+        replica.peers[peer] = None
+        return result
+
+    async def _serve_sync(self, channel, ctx) -> None:
+        arg = channel.arg
+        if not isinstance(arg, dict) or not isinstance(arg.get("doc"), bytes):
+            raise InvalidArgument("expected {doc: id}")
+        replica = self._replicas.get(arg["doc"])
+        if replica is None:
+            raise NotFound("this node does not keep that document")
+        if not replica.doc.acl.may_read(ctx.peer.key):
+            raise PermissionDenied("you may not read this document")
+        await self._session(replica, ctx.peer, channel, initiator=False)
+        replica.peers[ctx.peer] = None
+
+    async def _session(self, replica: _Replica, peer: PeerId, channel, *, initiator: bool) -> dict:
+        """Reconcile over ``channel``, then exchange the changes each side lacks."""
+        reconciler = Reconciler(ItemSet(replica.doc.items))  # pushes may land meanwhile
+        if initiator:
+            await channel.send(reconciler.initiate())
+        while not reconciler.done:
+            try:
+                message = reconciler.receive(await channel.receive())
+            except ReconcileError as exc:
+                raise InvalidArgument(f"bad reconciliation message: {exc}") from None
+            if message is not None:
+                await channel.send(message)
+        received = 0
+        async with trio.open_nursery() as nursery:
+            if replica.doc.acl.may_read(peer.key):
+                nursery.start_soon(self._send_changes, replica, channel, sorted(reconciler.have))
+            else:
+                nursery.start_soon(channel.end)
+            async for batch in channel:
+                received += self._ingest(replica, batch, peer)
+        return {"sent": len(reconciler.have), "received": received, "rounds": reconciler.rounds}
+
+    async def _send_changes(self, replica: _Replica, channel, keys: list[bytes]) -> None:
+        batch, size = [], 0
+        for wire in self.store.wires(replica.doc.id, keys):
+            if size + len(wire) > _BATCH_BYTES and batch:
+                await channel.send(batch)
+                batch, size = [], 0
+            batch.append(wire)
+            size += len(wire)
+        if batch:
+            await channel.send(batch)
+        await channel.end()
+
+    async def _serve_push(self, arg, ctx) -> dict:
+        if not isinstance(arg, dict) or not isinstance(arg.get("doc"), bytes):
+            raise InvalidArgument("expected {doc: id, changes: [bytes]}")
+        replica = self._replicas.get(arg["doc"])
+        if replica is None:
+            raise NotFound("this node does not keep that document")
+        if not replica.doc.acl.may_read(ctx.peer.key):
+            raise PermissionDenied("you may not read this document")
+        return {"new": self._ingest(replica, arg.get("changes"), ctx.peer)}
+
+    async def _push_loop(self, replica: _Replica) -> None:
+        """Send queued changes to every known replica but the one each came from."""
+        while replica.doc.id in self._replicas:
+            await replica.queued.wait()
+            replica.queued = trio.Event()
+            outbox, replica.outbox = replica.outbox, []
+            async with trio.open_nursery() as nursery:
+                for peer in list(replica.peers)[-self._config.max_peers:]:
+                    wires = [c.wire for c, source in outbox if source != peer]
+                    if wires and replica.doc.acl.may_read(peer.key):
+                        nursery.start_soon(self._push, replica, peer, wires)
+
+    async def _push(self, replica: _Replica, peer: PeerId, wires: list[bytes]) -> None:
+        arg = {"doc": replica.doc.id, "changes": wires}
+        try:
+            await self._node.rpc.call(peer, "crdt.push", arg, timeout=_PUSH_TIMEOUT)
+        except RpcError as exc:
+            log.debug("%s: push to %s failed: %s", replica.ref, peer.short(), exc)
+            replica.peers.pop(peer, None)
