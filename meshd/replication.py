@@ -255,6 +255,9 @@ class Replication:
         key = PROVIDER_PREFIX + replica.doc.id
         dht, config = self._node.dht, self._config
         next_discovery = 0.0
+        owner = PeerId(replica.doc.owner)
+        if owner != self._node.peer_id:
+            replica.peers[owner] = None  # the owner keeps its documents: a replica to start from
         while replica.doc.id in self._replicas:
             if trio.current_time() >= next_discovery:
                 next_discovery = trio.current_time() + config.discover_interval
