@@ -373,7 +373,11 @@ class Transaction:
     def build(self, author: bytes, lamport: int) -> list:
         """The wire operations, computed against the document plus this transaction's earlier ones."""
         doc = self.doc
-        made: list[tuple[tuple, Dot, object]] = []  # (path, dot, element) of each earlier op
+        # Dots of this transaction's earlier operations: at a path, for an element
+        # at a path, and at or below each path prefix.
+        at: dict[tuple, list[Dot]] = {}
+        of: dict[tuple, list[Dot]] = {}
+        under: dict[tuple, list[Dot]] = {}
         totals: dict[tuple, list[int]] = {}
         out = []
         for index, (code, path, arg) in enumerate(self.intents):
@@ -390,24 +394,26 @@ class Transaction:
             elif code == ops.ASSIGN:
                 state = doc.raw(path, MV)
                 seen = list(state.entries) if state else []
-                out.append([code, path, arg, _dots(seen + [d for p, d, _ in made if p == key])])
+                out.append([code, path, arg, _dots(seen + at.get(key, []))])
             elif code in (ops.ADD, ops.REMOVE):
                 state = doc.raw(path, SET)
                 seen = state.dots_of(arg) if state else []
-                seen += [d for p, d, e in made if p == key and e == arg and type(e) is type(arg)]
-                out.append([code, path, arg, _dots(seen)])
+                out.append([code, path, arg, _dots(seen + of.get((key, arg), []))])
             elif code == ops.DELETE:
                 parent = doc.raw(path[:-1], MAP)
                 seen = parent.subtree_dots(path[-1]) if parent else []
-                seen += [d for p, d, _ in made if p[:len(key)] == key]
-                out.append([code, path, _dots(seen)])
+                out.append([code, path, _dots(seen + under.get(key, []))])
             elif code == ops.GRANT:
                 out.append([code, path, arg])
             else:  # REVOKE
                 seen = doc.acl.roles[path].dots_of(arg)
-                seen += [d for p, d, e in made if p == key and e == arg]
-                out.append([code, path, arg, _dots(seen)])
-            made.append((key, dot, arg))
+                out.append([code, path, arg, _dots(seen + of.get((key, arg), []))])
+            at.setdefault(key, []).append(dot)
+            if code in (ops.ADD, ops.GRANT):
+                of.setdefault((key, arg), []).append(dot)
+            if code < ops.GRANT:
+                for depth in range(1, len(key) + 1):
+                    under.setdefault(key[:depth], []).append(dot)
         return out
 
     def _totals(self, code: int, path: list, author: bytes) -> list[int]:

@@ -83,17 +83,32 @@ class LWWRegister:
 
 
 class _DottedEntries:
-    """Shared shape of MV-Register and OR-Set: live dots per value, and removed dots."""
+    """Shared shape of MV-Register and OR-Set: the items each live dot carries, and removed dots.
+
+    A dot normally carries one item; it carries several only when an author
+    equivocated (signed two changes at one position), and then all of them
+    stay, so that the state does not depend on which change arrived first.
+    """
 
     __slots__ = ("entries", "removed")
 
     def __init__(self) -> None:
-        self.entries: dict[Dot, object] = {}
+        self.entries: dict[Dot, list] = {}
         self.removed: set[Dot] = set()
 
-    def put(self, dot: Dot, item: object) -> None:
-        if dot not in self.removed:
-            self.entries[dot] = item
+    def put(self, dot: Dot, item: object) -> bool:
+        """Join the delta ``{dot: item}``; True if it added something."""
+        if dot in self.removed:
+            return False
+        items = self.entries.get(dot)
+        if items is None:
+            self.entries[dot] = [item]
+            return True
+        if any(_order(i) == _order(item) for i in items):
+            return False
+        items.append(item)
+        items.sort(key=_order)
+        return True
 
     def discard(self, dots: Iterable[Dot]) -> None:
         for dot in dots:
@@ -102,21 +117,24 @@ class _DottedEntries:
 
     def join(self, other: "_DottedEntries") -> None:
         self.discard(other.removed)
-        for dot, item in other.entries.items():
-            self.put(dot, item)
+        for dot, items in other.entries.items():
+            for item in items:
+                self.put(dot, item)
 
     def dots(self) -> Iterator[Dot]:
         return iter(self.entries)
 
     def encode(self) -> list:
-        return [sorted([list(d), v] for d, v in self.entries.items()),
+        return [sorted([list(d), items] for d, items in self.entries.items()),
                 sorted(map(list, self.removed))]
 
     @classmethod
     def decode(cls, data: list):
         state = cls()
-        state.entries = {tuple(d): v for d, v in data[0]}
         state.removed = {tuple(d) for d in data[1]}
+        for dot, items in data[0]:
+            for item in items:
+                state.put(tuple(dot), item)
         return state
 
 
@@ -128,20 +146,43 @@ class MVRegister(_DottedEntries):
     __slots__ = ()
 
     def value(self) -> list:
-        return [self.entries[d] for d in sorted(self.entries)]
+        return [item for dot in sorted(self.entries) for item in self.entries[dot]]
 
 
 class ORSet(_DottedEntries):
-    """Observed-remove set, adds win: an element is in the set while it has a live dot."""
+    """Observed-remove set, adds win: an element is in the set while it has a live dot.
+
+    Elements are int, str or bytes (never equal across those types), indexed
+    so that finding an element's dots does not scan the set.
+    """
 
     kind = SET
-    __slots__ = ()
+    __slots__ = ("_dots",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._dots: dict[object, set[Dot]] = {}
+
+    def put(self, dot: Dot, item: object) -> bool:
+        added = super().put(dot, item)
+        if added:
+            self._dots.setdefault(item, set()).add(dot)
+        return added
+
+    def discard(self, dots: Iterable[Dot]) -> None:
+        for dot in dots:
+            self.removed.add(dot)
+            for item in self.entries.pop(dot, ()):
+                live = self._dots[item]
+                live.discard(dot)
+                if not live:
+                    del self._dots[item]
 
     def dots_of(self, element: object) -> list[Dot]:
-        return [d for d, e in self.entries.items() if e == element and type(e) is type(element)]
+        return list(self._dots.get(element, ()))
 
     def value(self) -> set:
-        return set(self.entries.values())
+        return set(self._dots)
 
 
 class GCounter:
@@ -239,7 +280,7 @@ class ORMap:
         if authors is None:
             authors = self.present[key] = {}
         mine = authors.get(dot[1])
-        if mine is None or dot > mine[0]:
+        if mine is None or (dot, kind) > mine:
             authors[dot[1]] = (dot, kind)
 
     def child(self, key: str, kind: str, dot: Dot) -> object:

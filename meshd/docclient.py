@@ -127,10 +127,16 @@ class RemoteDocument:
         arg = {"doc": self.ref} if peer is None else {"doc": self.ref, "peer": str(peer)}
         return await self.client.request("crdt.sync", arg)
 
-    def changes(self) -> ResponseStream:
-        """``async for event in doc.changes()``: each change applied from now on,
-        ``{change, author, local, time_ms, ops: [{op, path, value | key}]}``."""
-        return self.client.stream("crdt.watch", {"doc": self.ref})
+    @asynccontextmanager
+    async def changes(self) -> AsyncIterator[ResponseStream]:
+        """``async with doc.changes() as events: async for event in events``: each
+        change applied from the moment the block is entered,
+        ``{change, author, local, time_ms, ops: [{op, path, value | key}]}``.
+        Counter operations carry the author's running total, not the increment.
+        A reader more than 10,000 changes behind gets RESOURCE_EXHAUSTED."""
+        async with self.client.stream("crdt.watch", {"doc": self.ref}) as events:
+            await events.__anext__()  # {"watching": ...}: the daemon has subscribed us
+            yield events
 
     # typed views of one path
 

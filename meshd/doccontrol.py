@@ -26,8 +26,8 @@ from crdt.change import ChangeError
 from crdt.document import ANYONE, Transaction
 
 from .identity import PeerId, PeerIdError
-from .replication import DocError, Replication, _Replica, plain
-from .rpc import InvalidArgument, NotFound
+from .replication import WATCH_BUFFER, DocError, Replication, _Replica, plain
+from .rpc import InvalidArgument, NotFound, ResourceExhausted
 
 if TYPE_CHECKING:
     from .node import Node
@@ -96,8 +96,14 @@ def crdt_methods(node: "Node") -> dict:
         return {"change": change.id.hex(), "lamport": change.lamport}
 
     async def watch(arg, ctx):
-        async for event in docs.watch(replica_of(arg)):
-            yield event
+        replica = replica_of(arg)
+        with docs.subscribe(replica) as watcher:
+            yield {"watching": replica.ref, "changes": len(replica.doc)}
+            async for event in watcher.events:
+                yield event
+        if watcher.lagged:
+            raise ResourceExhausted(f"the watcher fell more than {WATCH_BUFFER} changes behind; "
+                                    "read the document again and watch anew")
 
     async def sync(arg, ctx):
         replica = replica_of(arg)

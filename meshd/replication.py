@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import msgpack
 import trio
@@ -46,7 +47,7 @@ PROVIDER_PREFIX = b"/crdt/"
 _BATCH_BYTES = 4 << 20  # changes per frame of a sync or push
 _SYNC_TIMEOUT = 60.0
 _PUSH_TIMEOUT = 10.0
-_WATCH_BUFFER = 1024
+WATCH_BUFFER = 10_000  # changes a watcher may fall behind before its stream is ended
 
 
 class DocError(Exception):
@@ -87,6 +88,23 @@ def describe(change: Change, *, local: bool) -> dict:
         out.append(entry)
     return {"change": change.id.hex(), "author": str(PeerId(change.author)), "local": local,
             "time_ms": change.time_ms, "ops": out}
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first exception in a nursery's group: what a caller of one call expects."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
+@dataclass(eq=False)
+class Watcher:
+    """Changes applied to one document, as :func:`describe` gives them, from
+    ``events``; ``lagged`` says the stream ended because its reader fell behind."""
+
+    send: trio.MemorySendChannel
+    events: trio.MemoryReceiveChannel
+    lagged: bool = False
 
 
 @dataclass(eq=False)
@@ -174,8 +192,8 @@ class Replication:
         replica = self.get(ref)
         del self._replicas[replica.doc.id]
         self.store.remove_document(replica.doc.id)
-        for send in replica.watchers:
-            send.close()
+        for watcher in replica.watchers:
+            watcher.send.close()
 
     # --- local writes and reads ------------------------------------------------------
 
@@ -197,26 +215,27 @@ class Replication:
         self._applied(replica, [change], source=None)
         return change
 
-    async def watch(self, replica: _Replica) -> AsyncIterator[dict]:
-        """Every change applied to the document from now on, as :func:`describe` gives it."""
-        send, receive = trio.open_memory_channel(_WATCH_BUFFER)
-        replica.watchers.add(send)
+    @contextmanager
+    def subscribe(self, replica: _Replica) -> Iterator[Watcher]:
+        """A :class:`Watcher` of every change applied to the document from now on."""
+        watcher = Watcher(*trio.open_memory_channel(WATCH_BUFFER))
+        replica.watchers.add(watcher)
         try:
-            async with receive:
-                async for event in receive:
-                    yield event
+            with watcher.events:
+                yield watcher
         finally:
-            replica.watchers.discard(send)
+            replica.watchers.discard(watcher)
 
     def _applied(self, replica: _Replica, changes: list[Change], source: PeerId | None) -> None:
         """Tell watchers, queue pushes, and compact now and then."""
-        for send in list(replica.watchers):
+        for watcher in list(replica.watchers):
             for change in changes:
                 try:
-                    send.send_nowait(describe(change, local=source is None))
-                except trio.WouldBlock:
-                    replica.watchers.discard(send)  # it fell behind: its stream ends
-                    send.close()
+                    watcher.send.send_nowait(describe(change, local=source is None))
+                except trio.WouldBlock:  # it fell behind: its stream ends, saying so
+                    replica.watchers.discard(watcher)
+                    watcher.lagged = True
+                    watcher.send.close()
                     break
         replica.outbox.extend((change, source) for change in changes)
         replica.queued.set()
@@ -321,13 +340,16 @@ class Replication:
             if message is not None:
                 await channel.send(message)
         received = 0
-        async with trio.open_nursery() as nursery:
-            if replica.doc.acl.may_read(peer.key):
-                nursery.start_soon(self._send_changes, replica, channel, sorted(reconciler.have))
-            else:
-                nursery.start_soon(channel.end)
-            async for batch in channel:
-                received += self._ingest(replica, batch, peer)
+        try:
+            async with trio.open_nursery() as nursery:  # both ways at once: neither side stalls
+                if replica.doc.acl.may_read(peer.key):
+                    nursery.start_soon(self._send_changes, replica, channel, sorted(reconciler.have))
+                else:
+                    nursery.start_soon(channel.end)
+                async for batch in channel:
+                    received += self._ingest(replica, batch, peer)
+        except BaseExceptionGroup as group:
+            raise _first(group) from None
         return {"sent": len(reconciler.have), "received": received, "rounds": reconciler.rounds}
 
     async def _send_changes(self, replica: _Replica, channel, keys: list[bytes]) -> None:

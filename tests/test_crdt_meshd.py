@@ -34,13 +34,9 @@ async def open_nodes(stack: AsyncExitStack, tmp_path, names: str) -> list[meshd.
 async def until(node: meshd.Node, ref: str, predicate, timeout: float = 10.0) -> object:
     """Wait on the document's change events until ``predicate(value)``; return the value."""
     replica = node.docs.get(ref)
-    with trio.fail_after(timeout):
-        events = node.docs.watch(replica)
-        try:
-            while not predicate(replica.doc.get()):
-                await events.__anext__()
-        finally:
-            await events.aclose()
+    with trio.fail_after(timeout), node.docs.subscribe(replica) as watcher:
+        while not predicate(replica.doc.get()):
+            await watcher.events.receive()
     return replica.doc.get()
 
 
