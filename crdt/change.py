@@ -43,7 +43,7 @@ ID_SIZE = KEY_SIZE = 32
 SIGNATURE_SIZE = 64
 MAX_CHANGE = 1 << 20  # bytes of one encoded change
 MAX_OPS = 10_000
-MAX_DEPS = 64
+MAX_DEPS = 256
 MAX_DEPTH = 16  # map levels in a path, and nesting inside a value
 MAX_KEY = 256  # bytes of one map key
 MAX_SEEN = 100_000  # dots named by one change
@@ -84,15 +84,16 @@ def dot_of(change: Change, index: int) -> Dot:
 
 def sign_change(doc: bytes, author: bytes, lamport: int, deps: list[bytes], time_ms: int,
                 ops: list, sign: Callable[[bytes], bytes]) -> Change:
-    """Encode and sign a change; ``sign`` is the author's Ed25519 signing function."""
-    deps = sorted(deps)
-    body = msgpack.packb([VERSION, doc, author, lamport, deps, time_ms, ops], use_bin_type=True)
-    wire = msgpack.packb([body, sign(CONTEXT + body)], use_bin_type=True)
-    if len(wire) > MAX_CHANGE:
-        raise ChangeError(f"change is {len(wire)} bytes, over the {MAX_CHANGE}-byte limit; "
+    """Encode and sign a change; ``sign`` is the author's Ed25519 signing function.
+
+    Raises ChangeError for a change peers would refuse (too large, a bad field).
+    """
+    body = msgpack.packb([VERSION, doc, author, lamport, sorted(deps), time_ms, ops], use_bin_type=True)
+    if len(body) + SIGNATURE_SIZE + 16 > MAX_CHANGE:
+        raise ChangeError(f"change is {len(body)} bytes, over the {MAX_CHANGE}-byte limit; "
                           "split the transaction")
-    ops = msgpack.unpackb(body, raw=False)[6]  # as every replica will see them
-    return Change(blake3.blake3(body).digest(), doc, author, lamport, tuple(deps), time_ms, ops, wire)
+    wire = msgpack.packb([body, sign(CONTEXT + body)], use_bin_type=True)
+    return decode_change(wire, verify=False)  # the same checks as every replica, and its view of ops
 
 
 def decode_change(wire: object, *, verify: bool = True) -> Change:
@@ -137,8 +138,9 @@ def decode_change(wire: object, *, verify: bool = True) -> Change:
 
 def check_op(op: object) -> int:
     """Raise ChangeError unless ``op`` is a well-formed operation; return how many dots it names."""
-    _require(isinstance(op, list) and op and type(op[0]) is int and _ARITY.get(op[0]) == len(op),
-             f"unknown or malformed operation {str(op)[:60]}")
+    if not (isinstance(op, list) and op and type(op[0]) is int and _ARITY.get(op[0]) == len(op)):
+        raise ChangeError("unknown or malformed operation: expected [code, ...] with a known code "
+                          "and its number of fields")
     code = op[0]
     if code in (GRANT, REVOKE):
         _require(op[1] in ROLES and _is_bytes(op[2], KEY_SIZE), "grant/revoke takes a role and a 32-byte key")

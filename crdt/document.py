@@ -31,6 +31,7 @@ ANYONE = bytes(32)  # as a reader key: everyone may read
 MAX_NAME = 128  # bytes of a document name
 _OP_KINDS = {ops.SET: LWW, ops.ASSIGN: MV, ops.GROW: GCOUNTER, ops.COUNT: PNCOUNTER,
              ops.ADD: SET, ops.REMOVE: SET}
+_NAMES_DOTS = (ops.ASSIGN, ops.ADD, ops.REMOVE, ops.DELETE, ops.REVOKE)
 OP_NAMES = {ops.SET: "set", ops.ASSIGN: "assign", ops.GROW: "grow", ops.COUNT: "count",
             ops.ADD: "add", ops.REMOVE: "remove", ops.DELETE: "delete", ops.GRANT: "grant",
             ops.REVOKE: "revoke"}
@@ -157,6 +158,8 @@ class Document:
         """
         if change.id in self._meta or change.id in self._pending:
             return []
+        if change.doc != self.id:
+            raise Rejected("change belongs to another document")
         missing = [d for d in change.deps if d not in self._meta]
         if missing:
             self._buffer(change, missing)
@@ -205,6 +208,8 @@ class Document:
         past = self._acl_past(change.deps)
         if not self._acl_at(past).may_write(change.author):
             raise Rejected("author may not write this document")
+        if not _sees_only_its_past(change):
+            raise Rejected("an operation removes a dot its change cannot have seen")
         touches_acl = any(op[0] in (ops.GRANT, ops.REVOKE) for op in change.ops)
         if touches_acl and change.author != self.owner:
             raise Rejected("only the owner may change who writes and reads")
@@ -271,7 +276,7 @@ class Document:
 
     def snapshot(self) -> bytes:
         """The state and op-log index as bytes; :meth:`restore` gives an equal replica back."""
-        metas = [[i, m.lamport, m.author, sorted(m.acl)] for i, m in self._meta.items()]
+        metas = sorted([i, m.lamport, m.author, sorted(m.acl)] for i, m in self._meta.items())
         return msgpack.packb([self.root.encode(), metas, sorted(self.heads), sorted(self.equivocators)],
                              use_bin_type=True)
 
@@ -309,11 +314,12 @@ class Document:
             raise ChangeError("an empty transaction")
         if not self.acl.may_write(author):
             raise Rejected("this key may not write this document")
-        lamport = 1 + max((self._meta[h].lamport for h in self.heads), default=0)
+        deps = sorted(self.heads, key=lambda h: self._meta[h].lamport)[-ops.MAX_DEPS:]
+        lamport = 1 + max((self._meta[h].lamport for h in deps), default=0)
         built = tx.build(author, lamport)
         if any(op[0] in (ops.GRANT, ops.REVOKE) for op in built) and author != self.owner:
             raise Rejected("only the owner may change who writes and reads")
-        return sign_change(self.id, author, lamport, list(self.heads), time_ms, built, sign)
+        return sign_change(self.id, author, lamport, deps, time_ms, built, sign)
 
 
 class Transaction:
@@ -424,11 +430,25 @@ class Transaction:
         return [state.inc.counts.get(author, 0), state.dec.counts.get(author, 0)] if state else [0, 0]
 
 
+def _sees_only_its_past(change: Change) -> bool:
+    """Every dot an operation removes is older than its change, or an earlier
+    operation of the same change: a writer cannot remove writes yet to come."""
+    for index, op in enumerate(change.ops):
+        if op[0] in _NAMES_DOTS:
+            for lamport, author, position in op[-1]:
+                if lamport > change.lamport or (lamport == change.lamport and (
+                        author != change.author or position >= index)):
+                    return False
+    return True
+
+
 def _dots(dots: Iterable[Dot]) -> list:
     return [list(d) for d in dots]
 
 
 def _path(path) -> list:
+    if not isinstance(path, (str, list, tuple)):
+        raise ChangeError("a path is a str key or a list of them")
     path = [path] if isinstance(path, str) else list(path)
     check_path(path)
     return path

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Iterable
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
-from .change import Change, decode_change
+from .change import GRANT, REVOKE, Change, decode_change
 from .document import Document
 
 _SCHEMA = """
@@ -39,15 +40,26 @@ class Store:
     def close(self) -> None:
         self._conn.close()
 
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """All the statements inside commit together (one fsync), or none do."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
     def add_document(self, doc: Document) -> None:
         """Remember that this node keeps ``doc``."""
-        with self._conn:
+        with self._transaction():
             self._conn.execute("INSERT OR IGNORE INTO crdt_docs VALUES (?, ?, ?)",
                                (doc.id, doc.owner, doc.name))
 
     def remove_document(self, doc_id: bytes) -> None:
         """Forget a document and everything stored for it."""
-        with self._conn:
+        with self._transaction():
             for table, column in (("crdt_docs", "id"), ("crdt_changes", "doc"), ("crdt_snapshots", "doc")):
                 self._conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (doc_id,))
 
@@ -58,8 +70,8 @@ class Store:
 
     def save(self, doc: Document, changes: Iterable[Change]) -> None:
         """Write ``changes`` of ``doc`` in one transaction; durable when this returns."""
-        rows = [(doc.id, c.key, int(any(op[0] >= 7 for op in c.ops)), c.wire) for c in changes]
-        with self._conn:
+        rows = [(doc.id, c.key, int(any(op[0] in (GRANT, REVOKE) for op in c.ops)), c.wire) for c in changes]
+        with self._transaction():
             self._conn.executemany(
                 "INSERT OR IGNORE INTO crdt_changes (doc, key, acl, wire) VALUES (?, ?, ?, ?)", rows)
 
@@ -91,7 +103,7 @@ class Store:
 
     def compact(self, doc: Document) -> int:
         """Fold ``doc``'s log into a snapshot of its current state; returns the changes folded."""
-        with self._conn:
+        with self._transaction():
             self._conn.execute("INSERT OR REPLACE INTO crdt_snapshots VALUES (?, ?)",
                                (doc.id, doc.snapshot()))
             return self._conn.execute(

@@ -264,15 +264,21 @@ class ORMap:
     counters keep their totals), so an update the remover did not see keeps
     the key.  A key holds one state per kind; the visible one is the kind of
     the newest live presence dot.
+
+    Removed dots are kept per key (``removed``) and, for the removal of this
+    whole map by its parent, for every key (``cleared``).  Every child has
+    discarded both, whenever it was created: that makes the state a function of
+    the deltas joined, not of their order.
     """
 
     kind = MAP
-    __slots__ = ("present", "children", "removed")
+    __slots__ = ("present", "children", "removed", "cleared")
 
     def __init__(self) -> None:
         self.present: dict[str, dict[bytes, tuple[Dot, str]]] = {}
         self.children: dict[str, dict[str, object]] = {}
-        self.removed: set[Dot] = set()
+        self.removed: dict[str, set[Dot]] = {}
+        self.cleared: set[Dot] = set()
 
     def mark(self, key: str, kind: str, dot: Dot) -> None:
         """Join the presence delta ``{key: dot}`` of an update of a ``kind`` state."""
@@ -283,19 +289,28 @@ class ORMap:
         if mine is None or (dot, kind) > mine:
             authors[dot[1]] = (dot, kind)
 
-    def child(self, key: str, kind: str, dot: Dot) -> object:
+    def child(self, key: str, kind: str, dot: Dot | None = None) -> object:
         """The ``kind`` state under ``key``, created if missing, with presence ``dot`` joined."""
-        self.mark(key, kind, dot)
+        if dot is not None:
+            self.mark(key, kind, dot)
         slots = self.children.get(key)
         if slots is None:
             slots = self.children[key] = {}
         state = slots.get(kind)
         if state is None:
             state = slots[kind] = CLASSES[kind]()
+            gone = self._gone(key)
+            if gone:
+                state.discard(gone)
         return state
 
+    def _gone(self, key: str) -> set[Dot]:
+        removed = self.removed.get(key)
+        return self.cleared | removed if removed else self.cleared
+
     def visible_kind(self, key: str) -> str | None:
-        live = [entry for entry in self.present.get(key, {}).values() if entry[0] not in self.removed]
+        gone = self._gone(key)
+        live = [entry for entry in self.present.get(key, {}).values() if entry[0] not in gone]
         return max(live)[1] if live else None
 
     def get(self, key: str) -> object | None:
@@ -308,22 +323,25 @@ class ORMap:
 
     def subtree_dots(self, key: str) -> list[Dot]:
         """Every live dot at and below ``key``: what removing the key must name."""
-        out = [dot for dot, _ in self.present.get(key, {}).values() if dot not in self.removed]
+        gone = self._gone(key)
+        out = [dot for dot, _ in self.present.get(key, {}).values() if dot not in gone]
         for state in self.children.get(key, {}).values():
             out.extend(state.dots())
         return out
 
     def remove_key(self, key: str, dots: Iterable[Dot]) -> None:
         """Join the delta that removes ``dots`` at and below ``key``."""
-        dots = list(dots)
-        self.removed.update(dots)
+        dots = set(dots)
+        self.removed.setdefault(key, set()).update(dots)
         for state in self.children.get(key, {}).values():
             state.discard(dots)
 
     def discard(self, dots: Iterable[Dot]) -> None:
-        dots = list(dots)
-        for key in self.children:
-            self.remove_key(key, dots)
+        dots = set(dots)
+        self.cleared |= dots
+        for slots in self.children.values():
+            for state in slots.values():
+                state.discard(dots)
 
     def dots(self) -> Iterator[Dot]:
         for key in self.children:
@@ -333,14 +351,16 @@ class ORMap:
         for key, authors in other.present.items():
             for dot, kind in authors.values():
                 self.mark(key, kind, dot)
+        for key, dots in other.removed.items():
+            self.removed.setdefault(key, set()).update(dots)
+        self.cleared |= other.cleared
         for key, slots in other.children.items():
-            mine = self.children.setdefault(key, {})
             for kind, state in slots.items():
-                if kind not in mine:
-                    mine[kind] = CLASSES[kind]()
-                mine[kind].join(state)
-        if other.removed - self.removed:
-            self.discard(other.removed)
+                self.child(key, kind).join(state)
+        for key, slots in self.children.items():
+            gone = self._gone(key)
+            for state in slots.values():
+                state.discard(gone)
 
     def value(self) -> dict:
         return {key: self.get(key).value() for key in self.keys()}
@@ -350,7 +370,8 @@ class ORMap:
             sorted([k, sorted([list(d), kind] for d, kind in a.values())] for k, a in self.present.items()),
             sorted([k, sorted([kind, s.encode()] for kind, s in slots.items())]
                    for k, slots in self.children.items()),
-            sorted(map(list, self.removed)),
+            sorted([k, sorted(map(list, dots))] for k, dots in self.removed.items() if dots),
+            sorted(map(list, self.cleared)),
         ]
 
     @classmethod
@@ -359,7 +380,8 @@ class ORMap:
         state.present = {k: {d[1]: (tuple(d), kind) for d, kind in a} for k, a in data[0]}
         state.children = {k: {kind: CLASSES[kind].decode(s) for kind, s in slots}
                           for k, slots in data[1]}
-        state.removed = {tuple(d) for d in data[2]}
+        state.removed = {k: {tuple(d) for d in dots} for k, dots in data[2]}
+        state.cleared = {tuple(d) for d in data[3]}
         return state
 
 

@@ -45,6 +45,7 @@ log = logging.getLogger("meshd.crdt")
 DB_FILE = "crdt.sqlite"
 PROVIDER_PREFIX = b"/crdt/"
 _BATCH_BYTES = 4 << 20  # changes per frame of a sync or push
+RELAY_FANOUT = 3  # peers a change received from another peer is passed on to
 _SYNC_TIMEOUT = 60.0
 _PUSH_TIMEOUT = 10.0
 WATCH_BUFFER = 10_000  # changes a watcher may fall behind before its stream is ended
@@ -208,10 +209,10 @@ class Replication:
             fill(tx)
             change = doc.prepare(tx, self._node.peer_id.key, self._node.identity.sign,
                                  int(time.time() * 1000))
+            doc.receive(change)
         except (ChangeError, Rejected) as exc:
             raise DocError(str(exc)) from None
         self.store.save(doc, [change])
-        doc.receive(change)
         self._applied(replica, [change], source=None)
         return change
 
@@ -252,6 +253,9 @@ class Replication:
         applied: list[Change] = []
         for wire in wires:
             try:
+                change = decode_change(wire, verify=False)
+                if change.id in replica.doc:
+                    continue  # a copy we have: most pushes are, so skip the signature check
                 change = decode_change(wire)
             except ChangeError as exc:
                 raise InvalidArgument(f"bad change: {exc}") from None
@@ -375,14 +379,18 @@ class Replication:
         return {"new": self._ingest(replica, arg.get("changes"), ctx.peer)}
 
     async def _push_loop(self, replica: _Replica) -> None:
-        """Send queued changes to every known replica but the one each came from."""
+        """Send queued changes on: ours to every known replica, those from a peer
+        to ``RELAY_FANOUT`` random others (their author pushed to its own peers)."""
         while replica.doc.id in self._replicas:
             await replica.queued.wait()
             replica.queued = trio.Event()
             outbox, replica.outbox = replica.outbox, []
+            peers = list(replica.peers)[-self._config.max_peers:]
+            relays = set(random.sample(peers, min(RELAY_FANOUT, len(peers))))
             async with trio.open_nursery() as nursery:
-                for peer in list(replica.peers)[-self._config.max_peers:]:
-                    wires = [c.wire for c, source in outbox if source != peer]
+                for peer in peers:
+                    wires = [c.wire for c, source in outbox
+                             if source is None or (source != peer and peer in relays)]
                     if wires and replica.doc.acl.may_read(peer.key):
                         nursery.start_soon(self._push, replica, peer, wires)
 
