@@ -109,10 +109,11 @@ async def cmd_sync(client: meshd.Client, args) -> object:
     result = await (await client.document(args.doc)).sync(args.peer)
     rows = [{"peer": peer, **stats} for peer, stats in result.items()]
     table = Table(title=f"synced {args.doc} with {len(rows)} peers", title_justify="left")
-    for col in ("peer", "sent", "received", "rounds"):
+    columns = ("peer", "sent", "received", "rounds", "error")
+    for col in columns:
         table.add_column(col)
     for row in rows:
-        table.add_row(*(str(row[c]) for c in ("peer", "sent", "received", "rounds")))
+        table.add_row(*(str(row.get(c, "")) for c in columns))
     return result, lambda: console.print(table)
 
 

@@ -27,7 +27,7 @@ from crdt.document import ANYONE, Transaction
 
 from .identity import PeerId, PeerIdError
 from .replication import WATCH_BUFFER, DocError, Replication, _Replica, plain
-from .rpc import InvalidArgument, NotFound, ResourceExhausted
+from .rpc import InvalidArgument, NotFound, ResourceExhausted, RpcError
 
 if TYPE_CHECKING:
     from .node import Node
@@ -107,8 +107,15 @@ def crdt_methods(node: "Node") -> dict:
 
     async def sync(arg, ctx):
         replica = replica_of(arg)
-        peers = [_peer(arg["peer"])] if arg.get("peer") else list(replica.peers)
-        return {str(p): await docs.sync(replica, p) for p in peers}
+        if arg.get("peer"):
+            return {arg["peer"]: await docs.sync(replica, _peer(arg["peer"]))}
+        results = {}
+        for peer in list(replica.peers):  # every known replica; one that fails says why
+            try:
+                results[str(peer)] = await docs.sync(replica, peer)
+            except RpcError as exc:
+                results[str(peer)] = {"error": str(exc)}
+        return results
 
     async def compact(arg, ctx):
         replica = replica_of(arg)

@@ -55,12 +55,12 @@ async def wait_until_true(check, what: str, timeout: float) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-async def start(make, names: list[str], **kwargs) -> list[Daemon]:
+async def start(make, names: list[str], *, config: dict = CONFIG, **kwargs) -> list[Daemon]:
     """Start daemons in parallel (each start blocks until its ``ready`` line)."""
     started: dict[str, Daemon] = {}
 
     async def one(name: str) -> None:
-        started[name] = await trio.to_thread.run_sync(lambda: make(name, config=CONFIG, **kwargs))
+        started[name] = await trio.to_thread.run_sync(lambda: make(name, config=config, **kwargs))
 
     async with trio.open_nursery() as nursery:
         for name in names:
