@@ -2,7 +2,8 @@
 
 Starts them, joins the second and third through the first (bootstrap) and
 to each other (meshctl connect), shows `meshctl peers` from each, runs a
-ping round, and stops them with SIGTERM.
+ping round, has all three write to one replicated document, and stops them
+with SIGTERM.
 """
 
 import subprocess
@@ -16,6 +17,20 @@ from meshd.localmesh import Daemon
 def show(title: str, proc: subprocess.CompletedProcess) -> None:
     print(f"\n$ {title}")
     sys.stdout.write(proc.stdout or proc.stderr)
+
+
+def shared_document(daemons: list[Daemon]) -> None:
+    """node1 creates a document and lets the others write; each adds itself and counts."""
+    owner = daemons[0]
+    ref = owner.meshctl("crdt", "create", "demo")["doc"]
+    for d in daemons[1:]:
+        owner.meshctl("crdt", "grant", "demo", d.peer_id)
+    for d in daemons:
+        d.meshctl("crdt", "add", ref, "members", d.data_dir.name)
+        d.meshctl("crdt", "inc", ref, "steps", "10")
+    for d in daemons:
+        d.meshctl("crdt", "sync", ref)  # pushes are already there; this makes it certain
+    show(f"meshctl crdt get {ref}   # on node3", daemons[2].meshctl_raw("crdt", "get", ref))
 
 
 def main() -> int:
@@ -41,6 +56,7 @@ def main() -> int:
                     if a is not b:
                         r = a.meshctl("ping", b.peer_id, "-c", "3")
                         print(f"  {a.data_dir.name} -> {b.data_dir.name}: median {r['median_ms']:.3f} ms")
+            shared_document(daemons)
         finally:
             codes = [d.stop() for d in daemons]
             print(f"\nstopped {len(codes)} daemons, exit codes {codes}")
