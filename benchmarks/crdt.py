@@ -233,15 +233,17 @@ class Watch:
         self.want[tag] = (count, trio.Event(), {})  # when: node -> time it had them all
         return self.want[tag][1:]
 
-    async def follow(self, node: int, doc) -> None:
-        async for event in doc.changes():
-            tag = event["ops"][0]["path"][0]
-            self.counts[node][tag] = seen = self.counts[node].get(tag, 0) + 1
-            count, done, when = self.want.get(tag, (None, None, None))
-            if seen == count:
-                when[node] = time.perf_counter()
-                if len(when) == self.nodes:
-                    done.set()
+    async def follow(self, node: int, doc, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with doc.changes() as events:
+            task_status.started()  # the daemon has subscribed this stream
+            async for event in events:
+                tag = event["ops"][0]["path"][0]
+                self.counts[node][tag] = seen = self.counts[node].get(tag, 0) + 1
+                count, done, when = self.want.get(tag, (None, None, None))
+                if seen == count:
+                    when[node] = time.perf_counter()
+                    if len(when) == self.nodes:
+                        done.set()
 
 
 async def _daemons(daemons: list[Daemon], args) -> dict:
@@ -259,14 +261,7 @@ async def _daemons(daemons: list[Daemon], args) -> dict:
         watch = Watch(n)
         nursery = await stack.enter_async_context(trio.open_nursery())
         for i, doc in enumerate(docs):
-            nursery.start_soon(watch.follow, i, doc)
-        for attempt in range(20):  # until every watch stream is known to be registered
-            done, _ = watch.expect(f"ping{attempt}", 1)
-            await owner.write([["set", [f"ping{attempt}"], 1]])
-            with trio.move_on_after(1.0):
-                await done.wait()
-            if done.is_set():
-                break
+            await nursery.start(watch.follow, i, doc)
         for run in range(-1, args.runs):  # run -1 warms the push paths up and is not reported
             tag, count = (f"burst{run}", args.writes) if run >= 0 else ("warm", n)
             done, when = watch.expect(tag, count)

@@ -122,6 +122,11 @@ async def cmd_compact(client: meshd.Client, args) -> object:
     return result, lambda: console.print(f"{args.doc}: {result['folded']} changes folded into a snapshot")
 
 
+async def cmd_forget(client: meshd.Client, args) -> object:
+    result = await client.request("crdt.forget", {"doc": args.doc})
+    return result, lambda: console.print(f"{result['forgotten']}: no longer kept here", highlight=False)
+
+
 async def cmd_watch(client: meshd.Client, args) -> object:
     """Print each change as it is applied; stop after ``--count`` (default: never)."""
     doc = await client.document(args.doc)
@@ -178,3 +183,4 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
         "--count", type=int, default=0, help="stop after this many")
     add("sync", cmd_sync, "reconcile with one replica or all now").add_argument("peer", nargs="?")
     add("compact", cmd_compact, "fold the op log into a snapshot")
+    add("forget", cmd_forget, "stop keeping a document and delete it here")

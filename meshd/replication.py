@@ -193,6 +193,9 @@ class Replication:
         replica = self.get(ref)
         del self._replicas[replica.doc.id]
         self.store.remove_document(replica.doc.id)
+        self._node.dht.unprovide(PROVIDER_PREFIX + replica.doc.id)
+        replica.wake.set()  # its loops see it is gone and return
+        replica.queued.set()
         for watcher in replica.watchers:
             watcher.send.close()
 
@@ -277,7 +280,7 @@ class Replication:
         """Announce the document, find its other replicas, and sync with them now and then."""
         key = PROVIDER_PREFIX + replica.doc.id
         dht, config = self._node.dht, self._config
-        next_discovery = 0.0
+        next_discovery, provided = 0.0, False
         owner = PeerId(replica.doc.owner)
         if owner != self._node.peer_id:
             replica.peers[owner] = None  # the owner keeps its documents: a replica to start from
@@ -285,7 +288,8 @@ class Replication:
             if trio.current_time() >= next_discovery:
                 next_discovery = trio.current_time() + config.discover_interval
                 try:
-                    await dht.provide(key)
+                    if not provided:  # once others took it, the DHT re-announces it itself
+                        provided = await dht.provide(key) > 0
                     for contact in await dht.find_providers(key, config.max_peers):
                         peer = PeerId(contact.public_key)
                         if peer != self._node.peer_id and peer not in replica.peers:

@@ -183,3 +183,7 @@ async def test_client_document_api_and_change_stream(tmp_path):
             info = await doc.info()
             assert info["changes"] == 4 and info["writable"] and info["pending"] == 0
             assert [d["doc"] for d in await client.documents()] == [f"{a.peer_id}/run"]
+            assert (await client.request("crdt.compact", {"doc": "run"}))["folded"] == 4
+            await client.request("crdt.forget", {"doc": "run"})
+            assert await client.documents() == []
+            assert a.docs.store.documents() == []
