@@ -137,8 +137,8 @@ async def cmd_watch(client: meshd.Client, args) -> object:
                 print(json.dumps(event, default=lambda v: v.hex() if isinstance(v, bytes) else repr(v)),
                       flush=True)
             else:
-                ops = "; ".join(f"{o['op']} {'/'.join(o['path']) if isinstance(o['path'], list) else o['path']}"
-                                f" {o.get('value', o.get('key', ''))}" for o in event["ops"])
+                ops = "; ".join(" ".join(str(v) if k != "path" else "/".join(v) for k, v in o.items())
+                                for o in event["ops"])
                 console.print(f"{event['author'][:12]} {event['change'][:12]} {ops}", highlight=False)
             seen += 1
             if args.count and seen >= args.count:

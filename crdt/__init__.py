@@ -1,4 +1,20 @@
-"""CRDT types, the signed op log and the sync protocol (issue 5; not built yet).
+"""Replicated documents: CRDT types, signed hash-linked changes, access rules,
+range-based reconciliation and SQLite persistence.
 
-A library on its own: it never imports meshd, cli, dht or nat.
+A library on its own: it never imports meshd, cli, dht or nat.  It does no
+I/O besides :class:`Store`'s file: a :class:`Document` takes changes in and
+makes new ones, a :class:`Reconciler` turns messages into replies, and the
+caller moves the bytes (meshd does it over RPC, the tests in memory).
 """
+
+from .change import Change, ChangeError, decode_change, sign_change
+from .document import ANYONE, Acl, Document, Rejected, Transaction, doc_id
+from .reconcile import ItemSet, Reconciler, ReconcileError
+from .store import Store
+from .types import GCounter, LWWRegister, MVRegister, ORMap, ORSet, PNCounter
+
+__all__ = [
+    "ANYONE", "Acl", "Change", "ChangeError", "Document", "GCounter", "ItemSet", "LWWRegister",
+    "MVRegister", "ORMap", "ORSet", "PNCounter", "ReconcileError", "Reconciler", "Rejected", "Store",
+    "Transaction", "decode_change", "doc_id", "sign_change",
+]

@@ -32,7 +32,7 @@ MAX_NAME = 128  # bytes of a document name
 _OP_KINDS = {ops.SET: LWW, ops.ASSIGN: MV, ops.GROW: GCOUNTER, ops.COUNT: PNCOUNTER,
              ops.ADD: SET, ops.REMOVE: SET}
 _NAMES_DOTS = (ops.ASSIGN, ops.ADD, ops.REMOVE, ops.DELETE, ops.REVOKE)
-OP_NAMES = {ops.SET: "set", ops.ASSIGN: "assign", ops.GROW: "grow", ops.COUNT: "count",
+OP_NAMES = {ops.SET: "set", ops.ASSIGN: "assign", ops.GROW: "grow", ops.COUNT: "inc",
             ops.ADD: "add", ops.REMOVE: "remove", ops.DELETE: "delete", ops.GRANT: "grant",
             ops.REVOKE: "revoke"}
 

@@ -131,8 +131,9 @@ class RemoteDocument:
     async def changes(self) -> AsyncIterator[ResponseStream]:
         """``async with doc.changes() as events: async for event in events``: each
         change applied from the moment the block is entered,
-        ``{change, author, local, time_ms, ops: [{op, path, value | key}]}``.
-        Counter operations carry the author's running total, not the increment.
+        ``{change, author, local, time_ms, ops: [...]}``, each op
+        ``{op, path, value}`` (``{op, path, total}`` for counters: the author's
+        running total; ``{op, path}`` for delete; ``{op, role, key}`` for grants).
         A reader more than 10,000 changes behind gets RESOURCE_EXHAUSTED."""
         async with self.client.stream("crdt.watch", {"doc": self.ref}) as events:
             await events.__anext__()  # {"watching": ...}: the daemon has subscribed us

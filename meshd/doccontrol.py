@@ -26,7 +26,7 @@ from crdt.change import ChangeError
 from crdt.document import ANYONE, Transaction
 
 from .identity import PeerId, PeerIdError
-from .replication import WATCH_BUFFER, DocError, Replication, _Replica, plain
+from .replication import WATCH_BUFFER, DocError, Replication, Replica, plain
 from .rpc import InvalidArgument, NotFound, ResourceExhausted, RpcError
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _MAX_OPS = 10_000
 
 
-def info(replica: _Replica, me: PeerId) -> dict:
+def info(replica: Replica, me: PeerId) -> dict:
     """What ``crdt.info`` and ``crdt.ls`` say about a document."""
     doc = replica.doc
     readers = doc.acl.members("reader")
@@ -54,7 +54,7 @@ def crdt_methods(node: "Node") -> dict:
     """The ``crdt.*`` control methods, bound to ``node``."""
     docs: Replication = node.docs
 
-    def replica_of(arg) -> _Replica:
+    def replica_of(arg) -> Replica:
         if not isinstance(arg, dict) or not isinstance(arg.get("doc"), str):
             raise InvalidArgument("expected {doc: NAME or PEERID/NAME}")
         try:

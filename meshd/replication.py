@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import msgpack
 import trio
 
-from crdt.change import Change, ChangeError, decode_change
+from crdt.change import COUNT, DELETE, GRANT, GROW, REVOKE, Change, ChangeError, decode_change
 from crdt.document import OP_NAMES, Document, Rejected, Transaction
 from crdt.reconcile import ItemSet, Reconciler, ReconcileError
 from crdt.store import Store
@@ -81,12 +81,15 @@ def describe(change: Change, *, local: bool) -> dict:
     """A change as watchers see it."""
     out = []
     for op in change.ops:
-        entry = {"op": OP_NAMES[op[0]], "path": op[1]}
-        if op[0] < 6:  # SET ... REMOVE carry a value, a total or an element
-            entry["value"] = op[2] if op[0] != 3 else op[2] - op[3]
-        elif op[0] >= 7:
-            entry["key"] = str(PeerId(op[2]))
-        out.append(entry)
+        code, name = op[0], OP_NAMES[op[0]]
+        if code in (GRANT, REVOKE):
+            out.append({"op": name, "role": op[1], "key": str(PeerId(op[2]))})
+        elif code in (GROW, COUNT):  # the author's running total, not the increment
+            out.append({"op": name, "path": op[1], "total": op[2] - (op[3] if code == COUNT else 0)})
+        elif code == DELETE:
+            out.append({"op": name, "path": op[1]})
+        else:
+            out.append({"op": name, "path": op[1], "value": op[2]})
     return {"change": change.id.hex(), "author": str(PeerId(change.author)), "local": local,
             "time_ms": change.time_ms, "ops": out}
 
@@ -109,7 +112,7 @@ class Watcher:
 
 
 @dataclass(eq=False)
-class _Replica:
+class Replica:
     doc: Document
     peers: dict[PeerId, None] = field(default_factory=dict)  # known replicas, newest last
     outbox: list[tuple[Change, PeerId | None]] = field(default_factory=list)
@@ -131,7 +134,7 @@ class Replication:
         self._node = node
         self._config = config
         self.store = Store(node.data_dir / DB_FILE)
-        self._replicas: dict[bytes, _Replica] = {}
+        self._replicas: dict[bytes, Replica] = {}
         self._nursery: trio.Nursery | None = None
         node.rpc.register("crdt.sync", self._serve_sync, kind="bidi")
         node.rpc.register("crdt.push", self._serve_push)
@@ -147,13 +150,13 @@ class Replication:
             task_status.started()
             await trio.sleep_forever()
 
-    def _start(self, doc: Document) -> _Replica:
-        replica = self._replicas[doc.id] = _Replica(doc)
+    def _start(self, doc: Document) -> Replica:
+        replica = self._replicas[doc.id] = Replica(doc)
         self._nursery.start_soon(self._replicate, replica)
         self._nursery.start_soon(self._push_loop, replica)
         return replica
 
-    async def open(self, ref: str, *, create: bool = False) -> _Replica:
+    async def open(self, ref: str, *, create: bool = False) -> Replica:
         """The replica of document ``ref`` (``NAME`` or ``PEERID/NAME``).
 
         A document of our own is created when ``create`` is set; another
@@ -177,7 +180,7 @@ class Replication:
                 await replica.synced.wait()
         return replica
 
-    def get(self, ref: str) -> _Replica:
+    def get(self, ref: str) -> Replica:
         """The replica of ``ref`` if this node keeps it; DocError otherwise."""
         owner, name = parse_ref(ref, self._node.peer_id.key)
         for replica in self._replicas.values():
@@ -185,7 +188,7 @@ class Replication:
                 return replica
         raise DocError(f"this node does not keep {ref!r} (open it first)")
 
-    def replicas(self) -> list[_Replica]:
+    def replicas(self) -> list[Replica]:
         return list(self._replicas.values())
 
     def forget(self, ref: str) -> None:
@@ -201,7 +204,7 @@ class Replication:
 
     # --- local writes and reads ------------------------------------------------------
 
-    def write(self, replica: _Replica, fill: Callable[[Transaction], None]) -> Change:
+    def write(self, replica: Replica, fill: Callable[[Transaction], None]) -> Change:
         """Make one change with the operations ``fill`` records; returns once it is on disk.
 
         Raises DocError if this node may not write, or an operation is bad.
@@ -220,7 +223,7 @@ class Replication:
         return change
 
     @contextmanager
-    def subscribe(self, replica: _Replica) -> Iterator[Watcher]:
+    def subscribe(self, replica: Replica) -> Iterator[Watcher]:
         """A :class:`Watcher` of every change applied to the document from now on."""
         watcher = Watcher(*trio.open_memory_channel(WATCH_BUFFER))
         replica.watchers.add(watcher)
@@ -230,7 +233,7 @@ class Replication:
         finally:
             replica.watchers.discard(watcher)
 
-    def _applied(self, replica: _Replica, changes: list[Change], source: PeerId | None) -> None:
+    def _applied(self, replica: Replica, changes: list[Change], source: PeerId | None) -> None:
         """Tell watchers, queue pushes, and compact now and then."""
         for watcher in list(replica.watchers):
             for change in changes:
@@ -248,7 +251,7 @@ class Replication:
             self.store.compact(replica.doc)
             replica.since_compact = 0
 
-    def _ingest(self, replica: _Replica, wires: object, source: PeerId) -> int:
+    def _ingest(self, replica: Replica, wires: object, source: PeerId) -> int:
         """Apply changes a peer sent; returns how many were new.  A change that does
         not decode costs the peer its call; one the document refuses is skipped."""
         if not isinstance(wires, list):
@@ -276,7 +279,7 @@ class Replication:
 
     # --- replication ---------------------------------------------------------------------
 
-    async def _replicate(self, replica: _Replica) -> None:
+    async def _replicate(self, replica: Replica) -> None:
         """Announce the document, find its other replicas, and sync with them now and then."""
         key = PROVIDER_PREFIX + replica.doc.id
         dht, config = self._node.dht, self._config
@@ -306,7 +309,7 @@ class Replication:
             with trio.move_on_after(config.sync_interval):
                 await replica.wake.wait()
 
-    async def _sync_quietly(self, replica: _Replica, peer: PeerId) -> None:
+    async def _sync_quietly(self, replica: Replica, peer: PeerId) -> None:
         try:
             await self.sync(replica, peer)
         except (RpcError, ReconcileError, trio.BrokenResourceError) as exc:
@@ -314,7 +317,7 @@ class Replication:
             if isinstance(exc, (NotFound, PermissionDenied)):
                 replica.peers.pop(peer, None)
 
-    async def sync(self, replica: _Replica, peer: PeerId) -> dict:
+    async def sync(self, replica: Replica, peer: PeerId) -> dict:
         """Reconcile with ``peer`` now: returns ``{"sent", "received", "rounds"}``."""
         doc = replica.doc
         arg = {"doc": doc.id, "owner": doc.owner, "name": doc.name}
@@ -335,7 +338,7 @@ class Replication:
         await self._session(replica, ctx.peer, channel, initiator=False)
         replica.peers[ctx.peer] = None
 
-    async def _session(self, replica: _Replica, peer: PeerId, channel, *, initiator: bool) -> dict:
+    async def _session(self, replica: Replica, peer: PeerId, channel, *, initiator: bool) -> dict:
         """Reconcile over ``channel``, then exchange the changes each side lacks."""
         reconciler = Reconciler(ItemSet(replica.doc.items))  # pushes may land meanwhile
         if initiator:
@@ -360,7 +363,7 @@ class Replication:
             raise _first(group) from None
         return {"sent": len(reconciler.have), "received": received, "rounds": reconciler.rounds}
 
-    async def _send_changes(self, replica: _Replica, channel, keys: list[bytes]) -> None:
+    async def _send_changes(self, replica: Replica, channel, keys: list[bytes]) -> None:
         batch, size = [], 0
         for wire in self.store.wires(replica.doc.id, keys):
             if size + len(wire) > _BATCH_BYTES and batch:
@@ -382,7 +385,7 @@ class Replication:
             raise PermissionDenied("you may not read this document")
         return {"new": self._ingest(replica, arg.get("changes"), ctx.peer)}
 
-    async def _push_loop(self, replica: _Replica) -> None:
+    async def _push_loop(self, replica: Replica) -> None:
         """Send queued changes on: ours to every known replica, those from a peer
         to ``RELAY_FANOUT`` random others (their author pushed to its own peers)."""
         while replica.doc.id in self._replicas:
@@ -398,7 +401,7 @@ class Replication:
                     if wires and replica.doc.acl.may_read(peer.key):
                         nursery.start_soon(self._push, replica, peer, wires)
 
-    async def _push(self, replica: _Replica, peer: PeerId, wires: list[bytes]) -> None:
+    async def _push(self, replica: Replica, peer: PeerId, wires: list[bytes]) -> None:
         arg = {"doc": replica.doc.id, "changes": wires}
         try:
             await self._node.rpc.call(peer, "crdt.push", arg, timeout=_PUSH_TIMEOUT)

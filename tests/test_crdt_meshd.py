@@ -173,7 +173,9 @@ async def test_client_document_api_and_change_stream(tmp_path):
                 await doc.register("lr").set(0.01)
                 seen = [await events.__anext__() for _ in range(4)]
             assert [len(e["ops"]) for e in seen] == [1, 4, 1, 1]
+            assert seen[0]["ops"] == [{"op": "inc", "path": ["progress", "steps"], "total": 5}]
             assert seen[1]["ops"][0] == {"op": "set", "path": ["model", "current"], "value": "gpt@7"}
+            assert seen[1]["ops"][3] == {"op": "inc", "path": ["progress", "steps"], "total": 3}
             assert all(e["local"] and e["author"] == str(a.peer_id) for e in seen)
             assert await doc.get() == {"progress": {"steps": 3}, "model": {"current": "gpt@7"},
                                        "members": ["w1"], "lr": 0.01}
