@@ -93,6 +93,8 @@ class CrdtSection:
     join_timeout: float = 10.0  # seconds opening another node's document waits for a first sync
     compact_every: int = 10_000  # changes between snapshots of a document
     max_pending: int = 10_000  # early changes held per document while their dependencies arrive
+    peer_rate: float = 2000.0  # new changes per second one peer may send (each costs a signature check)
+    peer_burst: int = 20_000  # ... and at once, e.g. a whole document to a new replica
 
 
 @dataclass

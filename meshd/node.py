@@ -435,6 +435,7 @@ class Node:
             "services": self.rpc.server.methods,
             "data_dir": str(self.data_dir),
             "transport": dict(self.endpoint.stats),
+            "documents": len(self.docs.replicas()),
         }
 
     # --- bootstrap -------------------------------------------------------------

@@ -32,9 +32,10 @@ from crdt.document import OP_NAMES, Document, Rejected, Transaction
 from crdt.reconcile import ItemSet, Reconciler, ReconcileError
 from crdt.store import Store
 from dht.network import DhtError
+from dht.ratelimit import RateLimiter
 
 from .identity import PeerId, PeerIdError
-from .rpc import InvalidArgument, NotFound, PermissionDenied, RpcError
+from .rpc import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, RpcError
 
 if TYPE_CHECKING:
     from .config import CrdtSection
@@ -135,6 +136,7 @@ class Replication:
         self._config = config
         self.store = Store(node.data_dir / DB_FILE)
         self._replicas: dict[bytes, Replica] = {}
+        self._limiter = RateLimiter(config.peer_rate, config.peer_burst)
         self._nursery: trio.Nursery | None = None
         node.rpc.register("crdt.sync", self._serve_sync, kind="bidi")
         node.rpc.register("crdt.push", self._serve_push)
@@ -257,21 +259,26 @@ class Replication:
         if not isinstance(wires, list):
             raise InvalidArgument("changes must be a list")
         applied: list[Change] = []
-        for wire in wires:
-            try:
-                change = decode_change(wire, verify=False)
-                if change.id in replica.doc:
-                    continue  # a copy we have: most pushes are, so skip the signature check
-                change = decode_change(wire)
-            except ChangeError as exc:
-                raise InvalidArgument(f"bad change: {exc}") from None
-            try:
-                applied += replica.doc.receive(change)
-            except Rejected as exc:
-                log.info("%s: refused a change from %s: %s", replica.ref, source.short(), exc)
-        if applied:
-            self.store.save(replica.doc, applied)
-            self._applied(replica, applied, source)
+        try:
+            for wire in wires:
+                try:
+                    change = decode_change(wire, verify=False)
+                    if change.id in replica.doc:
+                        continue  # a copy we have: most pushes are, so skip the signature check
+                    if not self._limiter.allow(source, trio.current_time()):
+                        raise ResourceExhausted(
+                            f"over {self._config.peer_rate:g} new changes per second from one peer")
+                    change = decode_change(wire)
+                except ChangeError as exc:
+                    raise InvalidArgument(f"bad change: {exc}") from None
+                try:
+                    applied += replica.doc.receive(change)
+                except Rejected as exc:
+                    log.info("%s: refused a change from %s: %s", replica.ref, source.short(), exc)
+        finally:  # what was applied is stored, even when the rest of the batch is refused
+            if applied:
+                self.store.save(replica.doc, applied)
+                self._applied(replica, applied, source)
         if replica.doc.pending:
             replica.peers[source] = None
             replica.wake.set()

@@ -16,6 +16,7 @@ import trio
 import meshd
 from crdt.change import sign_change
 from crdt.store import Store
+from meshd.config import Config
 from meshd.replication import DB_FILE, DocError
 
 NAME = "run42"
@@ -189,3 +190,29 @@ async def test_client_document_api_and_change_stream(tmp_path):
             await client.request("crdt.forget", {"doc": "run"})
             assert await client.documents() == []
             assert a.docs.store.documents() == []
+
+
+async def test_new_changes_from_one_peer_are_rate_limited_and_what_came_first_is_kept(tmp_path):
+    limited = Config()
+    limited.crdt.peer_rate, limited.crdt.peer_burst = 0.001, 5
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            meshd.open_node(tmp_path / "a", listen="127.0.0.1:0", config=limited))
+        b = await stack.enter_async_context(
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0", bootstrap=[str(a.address)]))
+        await b.connect(a.address)
+        ref = await shared_document(a, b)
+        doc = b.docs.get(ref).doc
+        wires = []
+        for i in range(10):  # made on b, never pushed by it
+            tx = doc.transaction()
+            tx.set(["k"], i)
+            change = doc.prepare(tx, b.peer_id.key, b.identity.sign, 0)
+            doc.receive(change)
+            wires.append(change.wire)
+        with pytest.raises(meshd.ResourceExhausted, match="new changes per second"):
+            await b.rpc.call(a.peer_id, "crdt.push", {"doc": doc.id, "changes": wires})
+        assert a.docs.get(ref).doc.get(["k"]) == 4  # the first five were applied ...
+        assert a.docs.store.load(a.peer_id.key, NAME).get(["k"]) == 4  # ... and stored
+        # Copies a peer already has cost nothing: pushing them again is fine.
+        assert await b.rpc.call(a.peer_id, "crdt.push", {"doc": doc.id, "changes": wires[:5]}) == {"new": 0}
