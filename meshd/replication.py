@@ -17,6 +17,7 @@ decode or verify costs the sender its call (INVALID_ARGUMENT).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -29,7 +30,8 @@ import trio
 
 from crdt.change import COUNT, DELETE, GRANT, GROW, REVOKE, Change, ChangeError, decode_change
 from crdt.document import OP_NAMES, Document, Rejected, Transaction
-from crdt.reconcile import ItemSet, Reconciler, ReconcileError
+from crdt.reconcile import ReconcileError
+from crdt.session import sync_session
 from crdt.store import Store
 from dht.network import DhtError
 from dht.ratelimit import RateLimiter
@@ -45,7 +47,6 @@ log = logging.getLogger("meshd.crdt")
 
 DB_FILE = "crdt.sqlite"
 PROVIDER_PREFIX = b"/crdt/"
-_BATCH_BYTES = 4 << 20  # changes per frame of a sync or push
 RELAY_FANOUT = 3  # peers a change received from another peer is passed on to
 _SYNC_TIMEOUT = 60.0
 _PUSH_TIMEOUT = 10.0
@@ -93,13 +94,6 @@ def describe(change: Change, *, local: bool) -> dict:
             out.append({"op": name, "path": op[1], "value": op[2]})
     return {"change": change.id.hex(), "author": str(PeerId(change.author)), "local": local,
             "time_ms": change.time_ms, "ops": out}
-
-
-def _first(group: BaseExceptionGroup) -> BaseException:
-    """The first exception in a nursery's group: what a caller of one call expects."""
-    while isinstance(group, BaseExceptionGroup):
-        group = group.exceptions[0]
-    return group
 
 
 @dataclass(eq=False)
@@ -347,40 +341,14 @@ class Replication:
 
     async def _session(self, replica: Replica, peer: PeerId, channel, *, initiator: bool) -> dict:
         """Reconcile over ``channel``, then exchange the changes each side lacks."""
-        reconciler = Reconciler(ItemSet(replica.doc.items))  # pushes may land meanwhile
-        if initiator:
-            await channel.send(reconciler.initiate())
-        while not reconciler.done:
-            try:
-                message = reconciler.receive(await channel.receive())
-            except ReconcileError as exc:
-                raise InvalidArgument(f"bad reconciliation message: {exc}") from None
-            if message is not None:
-                await channel.send(message)
-        received = 0
+        doc = replica.doc
+        wires = (lambda keys: self.store.wires(doc.id, keys)) if doc.acl.may_read(peer.key) else None
         try:
-            async with trio.open_nursery() as nursery:  # both ways at once: neither side stalls
-                if replica.doc.acl.may_read(peer.key):
-                    nursery.start_soon(self._send_changes, replica, channel, sorted(reconciler.have))
-                else:
-                    nursery.start_soon(channel.end)
-                async for batch in channel:
-                    received += self._ingest(replica, batch, peer)
-        except BaseExceptionGroup as group:
-            raise _first(group) from None
-        return {"sent": len(reconciler.have), "received": received, "rounds": reconciler.rounds}
-
-    async def _send_changes(self, replica: Replica, channel, keys: list[bytes]) -> None:
-        batch, size = [], 0
-        for wire in self.store.wires(replica.doc.id, keys):
-            if size + len(wire) > _BATCH_BYTES and batch:
-                await channel.send(batch)
-                batch, size = [], 0
-            batch.append(wire)
-            size += len(wire)
-        if batch:
-            await channel.send(batch)
-        await channel.end()
+            result = await sync_session(channel, doc.items, initiator=initiator, wires=wires,
+                                        ingest=lambda batch: self._ingest(replica, batch, peer))
+        except ReconcileError as exc:
+            raise InvalidArgument(f"bad reconciliation message: {exc}") from None
+        return dataclasses.asdict(result)
 
     async def _serve_push(self, arg, ctx) -> dict:
         if not isinstance(arg, dict) or not isinstance(arg.get("doc"), bytes):
