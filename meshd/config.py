@@ -98,6 +98,12 @@ class CrdtSection:
 
 
 @dataclass
+class ShardsSection:
+    max_bytes: int = 1 << 40  # chunk store size; unpinned chunks are collected beyond it
+    registry: str = ""  # document naming models (NAME or PEERID/NAME); "" = this node's "models"
+
+
+@dataclass
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
@@ -107,6 +113,7 @@ class Config:
     relay: RelayConfig = field(default_factory=RelayConfig)
     dht: DhtSection = field(default_factory=DhtSection)
     crdt: CrdtSection = field(default_factory=CrdtSection)
+    shards: ShardsSection = field(default_factory=ShardsSection)
 
     @classmethod
     def load(cls, data_dir: Path) -> "Config":

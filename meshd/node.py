@@ -35,6 +35,7 @@ from .config import Config
 from .control import serve_control
 from .dhtrpc import create_dht, run_dht
 from .replication import Replication
+from .shards.service import Shards
 from .identity import PeerId, PeerIdError, load_or_create_identity
 from .peerrpc import PeerRpc
 from .peerstore import PeerRecord, PeerStore
@@ -88,6 +89,7 @@ class Node:
         self.portmap = PortMapper(self.endpoint)
         self.dht = create_dht(self)  # after autonat: "auto" mode reads its verdict
         self.docs = Replication(self, config.crdt)
+        self.shards = Shards(self, config.shards)
 
     # --- addresses -------------------------------------------------------------
 
@@ -504,6 +506,7 @@ class Node:
             await nursery.start(serve_control, self)
             await nursery.start(run_dht, self)
             await nursery.start(self.docs.run)
+            nursery.start_soon(self.shards.run)
             if self.config.nat.port_mapping and host_port.host == "0.0.0.0":
                 nursery.start_soon(self.portmap.run)
             if self.configured_stun:
@@ -612,3 +615,4 @@ async def open_node(
         node.peerstore.close()
         node.dht.db.close()
         node.docs.store.close()
+        node.shards.store.close()

@@ -32,7 +32,9 @@ One process per ``root``.  Not thread-safe, but any one thread at a time may mak
 from __future__ import annotations
 
 import os
+import functools
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from itertools import repeat
@@ -91,6 +93,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _locked(method):
+    """``method`` run under the store's lock: callers may be trio worker threads."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run
+
+
 class ChunkStore:
     """Chunks under ``root``, at most ``max_bytes`` of them in all (see the module docstring)."""
 
@@ -104,9 +116,11 @@ class ChunkStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._touched: dict[bytes, int] = {}  # access times not yet written to the index
+        self._lock = threading.RLock()  # one caller at a time, from any thread
         self._recover()
         self._total = self._count()
 
+    @_locked
     def close(self) -> None:
         """Write the access times kept in memory, and close the index."""
         self._flush_atimes()
@@ -180,6 +194,7 @@ class ChunkStore:
                                [(t, c) for c, t in self._touched.items()])
             self._touched.clear()
 
+    @_locked
     def put(self, cid: bytes, data: bytes) -> bool:
         """Store ``data`` as chunk ``cid``; durable when this returns True.
 
@@ -236,6 +251,7 @@ class ChunkStore:
             return None
         return data
 
+    @_locked
     def get(self, cid: bytes, *, verify: bool = True) -> bytes | None:
         """The chunk's bytes, or None if we lack it.
 
@@ -247,19 +263,23 @@ class ChunkStore:
             self._touched[cid] = time.time_ns()
         return data
 
+    @_locked
     def has(self, cid: bytes) -> bool:
         """Whether the chunk is stored (by the index; contents are checked by get)."""
         return self.size_of(cid) is not None
 
+    @_locked
     def size_of(self, cid: bytes) -> int | None:
         """The chunk's size in bytes, or None if we lack it."""
         row = self._db.execute("SELECT size FROM chunks WHERE id = ? AND pending = 0", (cid,)).fetchone()
         return None if row is None else row[0]
 
+    @_locked
     def total_bytes(self) -> int:
         """The bytes of all chunks stored (pinned or not)."""
         return self._total
 
+    @_locked
     def missing(self, chunk_ids: Iterable[bytes], *, verify: bool = False) -> list[bytes]:
         """Those of ``chunk_ids`` we lack, in the order given, each once: what a fetch
         must still get.  With ``verify``, the ones we have are read and re-hashed too, and
@@ -275,6 +295,7 @@ class ChunkStore:
             have = {cid for cid in have if self._load(cid, True) is not None}
         return [cid for cid in ids if cid not in have]
 
+    @_locked
     def pin(self, model_id: bytes, chunk_ids: Sequence[bytes], name: str = "", *,
             sizes: Sequence[int] | None = None) -> None:
         """Keep every chunk of ``chunk_ids`` from gc while this model is pinned; durable.
@@ -294,6 +315,7 @@ class ChunkStore:
             db.execute("INSERT OR REPLACE INTO pins VALUES (?, ?)", (model_id, name))
             db.executemany("INSERT OR IGNORE INTO pin_chunks VALUES (?, ?, ?)", rows)
 
+    @_locked
     def unpin(self, model_id: bytes) -> bool:
         """Let gc remove the model's chunks that no other pin lists; durable.  Returns
         whether it was pinned."""
@@ -301,6 +323,7 @@ class ChunkStore:
             db.execute("DELETE FROM pin_chunks WHERE model = ?", (model_id,))
             return db.execute("DELETE FROM pins WHERE model = ?", (model_id,)).rowcount > 0
 
+    @_locked
     def pins(self) -> list[tuple[bytes, str, int, int, int]]:
         """``(model_id, name, chunks, bytes, present_bytes)`` for each pinned model, by name.
 
@@ -315,6 +338,7 @@ class ChunkStore:
             " LEFT JOIN chunks c ON c.id = pc.chunk AND c.pending = 0"
             " GROUP BY p.model ORDER BY p.name, p.model")]
 
+    @_locked
     def gc(self, target_bytes: int | None = None) -> tuple[int, int]:
         """Remove unpinned chunks, least recently used first, until ``total_bytes() <=
         target_bytes`` or none is left (all of them if ``target_bytes`` is None); first
