@@ -17,7 +17,7 @@ from rich.table import Table
 import meshd
 from dht.records import RecordError, owned_key
 
-from . import crdt_commands
+from . import crdt_commands, shard_commands
 from .common import data_dir_argument, fail
 
 console = Console()
@@ -296,6 +296,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--count", type=int, default=20, help="at most this many (default 20)")
     add_dht("routing", cmd_dht_routing, "the routing table")
     crdt_commands.add_parser(sub, common)
+    shard_commands.add_parser(sub, common)
     return parser
 
 

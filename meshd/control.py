@@ -24,6 +24,7 @@ from nat.stun_client import StunFailure
 
 from .address import AddressError, HostPort
 from .doccontrol import crdt_methods
+from .shards.control import shards_methods
 from .identity import PeerId, PeerIdError
 from .rpc import InvalidArgument, ResponseStream, RpcServer, Unavailable, unary_call
 from .streams import SocketCallStream
@@ -131,7 +132,7 @@ def control_server(node: "Node") -> RpcServer:
         server.register(name, handler)
     for name, handler in _dht_methods(node).items():
         server.register(name, _dht_errors(handler))
-    for name, handler in crdt_methods(node).items():
+    for name, handler in {**crdt_methods(node), **shards_methods(node)}.items():
         server.register(name, handler)
     return server
 
@@ -360,6 +361,25 @@ class Client:
     async def documents(self) -> list[dict]:
         """Every document the daemon keeps: ref, changes, peers, writers, ..."""
         return await self.request("crdt.ls")
+
+    async def publish_model(self, path: str | Path, name: str, version: int | None = None) -> dict:
+        """Have the daemon publish the ``.safetensors`` file at ``path`` as ``name``
+        (version: one above the registry's highest unless given); returns its
+        id, name, version, bytes, chunks, tensors, publisher, created."""
+        arg = {"path": str(Path(path).expanduser().resolve()), "name": name, "version": version}
+        return await self.request("shards.publish", arg, timeout=None)
+
+    def fetch_model(self, ref: str, out: str | Path | None = None) -> ResponseStream:
+        """``async with client.fetch_model("run42/gpt@latest", "gpt.safetensors") as items``:
+        progress dicts (``total_bytes``, ``have_bytes``, ``providers``...) while
+        the daemon pulls, then ``{"done": True, id, ...}``; the file is written
+        at ``out`` if given.  ``ref`` is NAME, NAME@VERSION, NAME@latest or a hex id."""
+        arg = {"ref": ref, "out": None if out is None else str(Path(out).expanduser().resolve())}
+        return self.stream("shards.fetch", arg)
+
+    async def models(self) -> list[dict]:
+        """The models the daemon keeps, with how many of their bytes are present."""
+        return await self.request("shards.ls")
 
     async def dht_routing(self) -> dict:
         """The DHT routing table: mode, size, buckets, contacts (peer_id, addrs,

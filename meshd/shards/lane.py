@@ -234,6 +234,8 @@ class LaneServer:
             self._peer_conns[peer] += 1
             c2s, s2c = _keys(tok.token, tok.nonce, bytes(raw[32:]), peer, self.node.peer_id)
             rx, tx = _Framer(stream, c2s, _MAX_REQUEST), _Framer(stream, s2c, self.max_chunk + TAG)
+            if os.environ.get("LANE_SNDBUF"):
+                stream.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, int(os.environ["LANE_SNDBUF"]))
             await tx.send(b"")
             await self._serve(rx, tx)
         except* (LaneError, ValueError, msgpack.UnpackException, trio.TooSlowError,
@@ -361,6 +363,8 @@ async def open_lane(node, peer: PeerId, *, timeout: float = 10) -> Lane | None:
                     and len(token) == 32 and isinstance(snonce, bytes) and len(snonce) == 16):
                 raise LaneError(f"bad {METHOD} reply")
             stream = await trio.open_tcp_stream(host, port)
+            if os.environ.get("LANE_RCVBUF"):
+                stream.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, int(os.environ["LANE_RCVBUF"]))
             cnonce = os.urandom(16)
             c2s, s2c = _keys(token, snonce, cnonce, node.peer_id, peer)
             await stream.send_all(_token_id(token) + cnonce)

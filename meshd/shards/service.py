@@ -117,6 +117,13 @@ class Shards:
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
+    def unpin(self, model_id: bytes) -> bool:
+        """Stop keeping a model: its chunks become collectable (unless another
+        model shares them) and this node stops announcing it."""
+        (self._manifest_dir / model_id.hex()).unlink(missing_ok=True)
+        self._node.dht.unprovide(PROVIDER_PREFIX + model_id)
+        return self.store.unpin(model_id)
+
     # --- publish ---------------------------------------------------------------------
 
     async def publish(self, source: Mapping | str | os.PathLike, *, name: str,

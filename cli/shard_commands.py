@@ -1,0 +1,91 @@
+"""``meshctl shard ...``: publish, fetch, list and collect models.
+
+REF is NAME, NAME@VERSION, NAME@latest or a model id (64 hex digits); names
+resolve in the registry document (``shards.registry`` in the config).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
+from rich.table import Table
+
+import meshd
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _model_line(info: dict) -> str:
+    return (f"{info['name']}@{info['version']} {info['id'][:16]} "
+            f"({info['bytes'] / 1e6:,.1f} MB, {info['chunks']} chunks, {info['tensors']} tensors)")
+
+
+async def cmd_publish(client: meshd.Client, args) -> object:
+    info = await client.publish_model(args.file, args.name, args.version)
+    return info, lambda: out.print(f"published {_model_line(info)}", highlight=False)
+
+
+async def cmd_fetch(client: meshd.Client, args) -> object:
+    """Pull REF, with a progress bar on stderr (unless --json), and write -o FILE."""
+    final: dict = {}
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress("[progress.description]{task.description}", *columns, console=console,
+                  disable=args.json, transient=True) as bar:
+        task = bar.add_task(args.ref, total=None)
+        async with client.fetch_model(args.ref, args.output) as items:
+            async for item in items:
+                if item.get("done"):
+                    final = item
+                    break
+                providers = sum(1 for p in item["providers"].values() if p["state"] == "fetching")
+                bar.update(task, total=item["total_bytes"], completed=item["have_bytes"],
+                           description=f"{args.ref} from {providers} providers")
+    return final, lambda: out.print(
+        f"fetched {_model_line(final)}" + (f" -> {final['out']}" if final.get("out") else ""), highlight=False)
+
+
+async def cmd_ls(client: meshd.Client, args) -> object:
+    rows = await client.models()
+    table = Table(title=f"{len(rows)} models", title_justify="left")
+    for col in ("name", "version", "id", "MB", "present", "publisher"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], str(r["version"]), r["id"][:16], f"{r['bytes'] / 1e6:,.1f}",
+                      f"{100 * r['present_bytes'] / max(r['bytes'], 1):.0f} %", r["publisher"][:16])
+    return rows, lambda: out.print(table)
+
+
+async def cmd_gc(client: meshd.Client, args) -> object:
+    if args.unpin:
+        await client.request("shards.unpin", {"id": args.unpin})
+    result = await client.request("shards.gc", {"target_bytes": args.target})
+    return result, lambda: out.print(
+        f"removed {result['removed']} chunks ({result['freed_bytes'] / 1e6:,.1f} MB); "
+        f"{result['bytes'] / 1e6:,.1f} MB stored", highlight=False)
+
+
+def add_parser(sub, common: argparse.ArgumentParser) -> None:
+    """The ``shard`` command and its subcommands."""
+    shard = sub.add_parser("shard", help="models: publish, fetch, list, collect", parents=[common],
+                           description=__doc__)
+    shard_sub = shard.add_subparsers(dest="shard_command", required=True)
+
+    def add(name: str, func, help: str) -> argparse.ArgumentParser:
+        p = shard_sub.add_parser(name, help=help, parents=[common])
+        p.set_defaults(func=func)
+        return p
+
+    p = add("publish", cmd_publish, "publish a .safetensors file")
+    p.add_argument("file")
+    p.add_argument("--name", required=True)
+    p.add_argument("--version", type=int, help="default: one above the registry's highest")
+    p = add("fetch", cmd_fetch, "fetch a model from its providers")
+    p.add_argument("ref", help="NAME, NAME@VERSION, NAME@latest or a model id")
+    p.add_argument("-o", "--output", help="write it to this .safetensors file")
+    add("ls", cmd_ls, "models kept here")
+    p = add("gc", cmd_gc, "delete chunks no kept model needs")
+    p.add_argument("--unpin", metavar="ID", help="stop keeping this model first")
+    p.add_argument("--target", type=int, help="stop once the store is at most this many bytes")
