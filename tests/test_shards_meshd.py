@@ -13,6 +13,7 @@ import trio
 import meshd
 from meshd.config import Config
 from meshd.shards.format import chunks_changed
+from meshd.shards.service import _FIRST_BATCH
 
 torch.manual_seed(0)
 
@@ -71,6 +72,27 @@ async def test_many_providers_and_a_corrupt_one(tmp_path):
         states = {peer: p["state"] for peer, p in progress.providers.items()}
         assert states[str(bad.peer_id)].startswith("dropped") and "hash" in states[str(bad.peer_id)], states
         assert states[str(a.peer_id)] == "done"
+        assert d.shards.store.missing([c.id for c in manifest.chunks], verify=True) == []
+
+
+async def test_a_stalled_provider_does_not_hold_up_the_end(tmp_path):
+    async with AsyncExitStack() as stack:
+        a, stalled, d = await open_nodes(stack, tmp_path, "asd")
+        manifest = await a.shards.publish(model().state_dict(), name="gpt")
+        await stalled.shards.pull("gpt")
+        assert len(manifest.chunks) > _FIRST_BATCH  # so the stalled provider is given a batch
+
+        async def stall(arg, ctx):
+            await trio.sleep_forever()
+            yield None
+        stalled.rpc.unregister("shards.chunks")
+        stalled.rpc.register("shards.chunks", stall)
+
+        with trio.fail_after(20):  # far below the 120 s a stalled call may take
+            await d.shards.pull(manifest.id.hex())
+        progress = d.shards.fetches[manifest.id]
+        assert progress.have_bytes == manifest.total_size
+        assert progress.providers[str(stalled.peer_id)]["bytes"] == 0
         assert d.shards.store.missing([c.id for c in manifest.chunks], verify=True) == []
 
 

@@ -270,41 +270,70 @@ def _registry_entry(entries: object, version: str) -> dict | None:
 
 
 class _Download:
-    """One fetch's chunks, pulled from several providers through a shared queue."""
+    """One fetch's chunks, pulled from several providers through a shared queue.
+
+    Each provider's worker takes a batch from the queue, sized to about a
+    second at its measured rate.  Once the queue is empty, an idle worker asks
+    its provider for chunks still in flight at another (each chunk at most
+    twice), so a slow or stalled provider does not hold up the end; the fetch
+    ends, cancelling whatever is still in flight, once every chunk is stored.
+    """
 
     def __init__(self, shards: Shards, manifest: Manifest, queue: deque, providers: list[PeerId],
                  progress: Progress, on_progress) -> None:
         self.shards, self.manifest, self.queue = shards, manifest, queue
         self.providers, self.progress, self.on_progress = providers, progress, on_progress
         self.sizes = {c.id: c.length for c in manifest.chunks}
-        self.in_flight = 0  # batches being pulled
+        self.wanted = set(queue)  # not stored yet
+        self.active: dict[PeerId, list[bytes]] = {}  # the batch each worker is pulling
+        self.doubled: set[bytes] = set()  # also asked of a second provider
         self._event = trio.Event()  # set when a batch ends
+        self._finished: trio.CancelScope | None = None
 
     async def run(self) -> None:
         if not self.providers:
             raise FetchError(f"nobody provides {self.manifest.id.hex()}")
         async with trio.open_nursery() as nursery:
+            self._finished = nursery.cancel_scope
             for peer in self.providers:
                 nursery.start_soon(self._worker, peer)
-        if self.queue:
-            raise FetchError(f"{len(self.queue)} chunks of {self.manifest.id.hex()} could not be fetched: "
+        for stats in self.progress.providers.values():
+            if stats["state"] == "fetching":  # cancelled once the others had finished
+                stats["state"] = "done" if stats["bytes"] else "not needed"
+        if self.wanted:
+            raise FetchError(f"{len(self.wanted)} chunks of {self.manifest.id.hex()} could not be fetched: "
                              f"{self.progress.providers}")
 
     def _changed(self) -> None:
         self._event.set()
         self._event = trio.Event()
 
+    def _next_batch(self, size: int) -> list[bytes] | None:
+        batch = []
+        while self.queue and len(batch) < size:
+            chunk_id = self.queue.popleft()
+            if chunk_id in self.wanted:
+                batch.append(chunk_id)
+        if batch:
+            return batch
+        for other in self.active.values():  # the end game: help whoever is slower
+            spare = [c for c in other if c in self.wanted and c not in self.doubled][:size]
+            if spare:
+                self.doubled.update(spare)
+                return spare
+        return None
+
     async def _worker(self, peer: PeerId) -> None:
-        """Take batches until nothing is queued or in flight; a failure hands the batch back."""
+        """Take batches while chunks are wanted; a failure hands the batch back."""
         stats = self.progress.providers.setdefault(str(peer), {"bytes": 0, "mb_s": 0.0, "state": "fetching"})
         rate, batch_size = 0.0, _FIRST_BATCH
-        while self.queue or self.in_flight:
-            if not self.queue:  # others are busy: their batches may come back
+        while self.wanted:
+            batch = self._next_batch(batch_size)
+            if batch is None:  # all in flight elsewhere: wait for a batch to end
                 await self._event.wait()
                 continue
-            batch = [self.queue.popleft() for _ in range(min(batch_size, len(self.queue), MAX_IDS))]
             started, got = time.monotonic(), 0
-            self.in_flight += 1
+            self.active[peer] = batch
             try:
                 got = await self._pull(peer, batch)
             except (RpcError, ChunkError, trio.BrokenResourceError) as exc:
@@ -312,8 +341,10 @@ class _Download:
                 log.info("fetch of %s: dropped %s: %s", self.manifest.id.hex()[:16], peer.short(), exc)
                 return
             finally:
-                self.in_flight -= 1
-                self.queue.extend(batch[got:])  # what it did not deliver goes to the others
+                del self.active[peer]
+                back = [c for c in batch[got:] if c in self.wanted]
+                self.doubled.difference_update(back)
+                self.queue.extend(back)  # what it did not deliver goes to the others
                 self._changed()
             if got == 0:
                 stats["state"] = "has none of the rest"
@@ -338,11 +369,18 @@ class _Download:
                 if not isinstance(data, bytes):
                     raise ChunkError("a chunk that is not bytes")
                 await trio.to_thread.run_sync(self.shards.store.put, batch[got], data)
+                self._stored(batch[got], len(data))
                 got += 1
-                self.progress.have_bytes += len(data)
-                self.progress.fetched_bytes += len(data)
-                if self.on_progress:
-                    self.on_progress(self.progress)
                 if got == len(batch):
                     break
         return got
+
+    def _stored(self, chunk_id: bytes, size: int) -> None:
+        self.progress.fetched_bytes += size
+        if chunk_id in self.wanted:
+            self.wanted.discard(chunk_id)
+            self.progress.have_bytes += size
+            if self.on_progress:
+                self.on_progress(self.progress)
+            if not self.wanted:
+                self._finished.cancel()  # slower copies still in flight are not needed
