@@ -101,6 +101,7 @@ class CrdtSection:
 class ShardsSection:
     max_bytes: int = 1 << 40  # chunk store size; unpinned chunks are collected beyond it
     registry: str = ""  # document naming models (NAME or PEERID/NAME); "" = this node's "models"
+    lane: bool = True  # serve and use the TCP bulk lane to peers with a direct path (QUIC otherwise)
 
 
 @dataclass

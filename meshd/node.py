@@ -506,7 +506,7 @@ class Node:
             await nursery.start(serve_control, self)
             await nursery.start(run_dht, self)
             await nursery.start(self.docs.run)
-            nursery.start_soon(self.shards.run)
+            await nursery.start(self.shards.run)
             if self.config.nat.port_mapping and host_port.host == "0.0.0.0":
                 nursery.start_soon(self.portmap.run)
             if self.configured_stun:

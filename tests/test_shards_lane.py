@@ -13,8 +13,10 @@ import blake3
 import msgpack
 import pytest
 import trio
+import trio.testing
 
 import meshd
+from meshd.config import Config
 from meshd.rpc import ResourceExhausted
 from meshd.shards.lane import (
     EMPTY_ID, METHOD, TAG, Lane, LaneError, LaneServer, _Framer, _keys, _token_id, open_lane,
@@ -26,10 +28,17 @@ def make_chunks(n: int, size: int) -> dict[bytes, bytes]:
     return {blake3.blake3(c).digest(): c for c in chunks}
 
 
+def no_lane() -> Config:
+    """A node config without the shard service's own lane: the tests start theirs."""
+    config = Config()
+    config.shards.lane = False
+    return config
+
+
 @asynccontextmanager
 async def lane_nodes(tmp_path, chunks: dict, *, names: str = "ab", **server_args):
     """Node a serves ``chunks`` over a lane; the others are connected to a."""
-    async with meshd.open_node(tmp_path / names[0], listen="127.0.0.1:0") as a:
+    async with meshd.open_node(tmp_path / names[0], listen="127.0.0.1:0", config=no_lane()) as a:
         others = []
         async with trio.open_nursery() as nursery:
             server = LaneServer(a, chunks.get, host="127.0.0.1", **server_args)
@@ -47,7 +56,7 @@ async def lane_nodes(tmp_path, chunks: dict, *, names: str = "ab", **server_args
 async def _enter(nursery: trio.Nursery, path) -> meshd.Node:
     """Open a node that lives until ``nursery`` is cancelled."""
     async def run(task_status=trio.TASK_STATUS_IGNORED):
-        async with meshd.open_node(path, listen="127.0.0.1:0") as node:
+        async with meshd.open_node(path, listen="127.0.0.1:0", config=no_lane()) as node:
             task_status.started(node)
             await trio.sleep_forever()
     return await nursery.start(run)
@@ -80,7 +89,8 @@ async def raw_hello(server: LaneServer, client: meshd.Node, server_node: meshd.N
 
 async def test_fetch_chunks_and_missing(tmp_path):
     chunks = make_chunks(20, 1 << 20)
-    async with lane_nodes(tmp_path, chunks) as (a, server, b):
+    small = make_chunks(40, 1000)
+    async with lane_nodes(tmp_path, {**chunks, **small}) as (a, server, b):
         missing = os.urandom(32)
         ids = [*chunks, missing, EMPTY_ID]
         async with await open_lane(b, a.peer_id) as lane:
@@ -91,8 +101,8 @@ async def test_fetch_chunks_and_missing(tmp_path):
             assert got[20] == (missing, None)
             assert got[21] == (EMPTY_ID, b"")
             # A second fetch on the same lane, pipelined over several requests.
-            many = [cid for _ in range(30) for cid in chunks]  # 600 ids: 3 requests
-            assert [d for _, d in await fetch_all(lane, many)] == [chunks[c] for c in many]
+            many = [cid for _ in range(15) for cid in small] + [missing]  # 601 ids: 3 requests
+            assert [d for _, d in await fetch_all(lane, many)] == [small.get(c) for c in many]
 
 
 async def test_bad_clients_are_dropped_and_serving_goes_on(tmp_path):
@@ -176,9 +186,8 @@ async def test_limits(tmp_path):
             await b.rpc.call(a.peer_id, METHOD, None)
         assert await open_lane(b, a.peer_id) is None
         await lanes[0].aclose()
-        with trio.fail_after(5):
-            while server._peer_conns.get(b.peer_id) == 2:
-                await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked(0.05)  # the server saw the close
+        assert server._peer_conns[b.peer_id] == 1
         lane = await open_lane(b, a.peer_id)
         assert lane is not None
         await lane.aclose()
@@ -255,11 +264,16 @@ async def test_leaving_a_fetch_early_closes_the_lane(tmp_path):
         with pytest.raises(ValueError):
             await fetch_all(lane, [b"short"])
         await lane.aclose()
+        # Leaving right after the last item keeps the lane.
+        async with await open_lane(b, a.peer_id) as lane:
+            async for cid, data in lane.fetch(list(chunks)[:1]):
+                break
+            assert dict(await fetch_all(lane, list(chunks))) == chunks
 
 
 async def test_open_lane_none_without_a_lane(tmp_path):
-    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
-            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0", config=no_lane()) as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0", config=no_lane()) as b:
         assert await open_lane(b, a.peer_id) is None  # not connected: no direct path known
         await b.connect(a.address)
         assert await open_lane(b, a.peer_id) is None  # UNKNOWN_METHOD: a serves no lane
@@ -277,9 +291,38 @@ async def test_open_lane_none_without_a_lane(tmp_path):
 async def test_open_lane_none_over_a_relayed_path():
     class Conn:
         remote_addr = ("relay", 7)
+        path = "relayed"
 
     class FakeNode:
         def _live(self, peer):
             return Conn()
 
     assert await open_lane(FakeNode(), object()) is None
+
+
+async def test_async_get_chunk_failures_and_idle_timeout(tmp_path):
+    chunks = make_chunks(3, 5000)
+    bad = os.urandom(32)
+
+    class Source(dict):
+        async def fetch(self, cid):  # async, as a store read in a worker thread would be
+            await trio.lowlevel.checkpoint()
+            if cid == bad:
+                raise OSError("disk trouble")
+            return self.get(cid)
+
+    source = Source(chunks)
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b, trio.open_nursery() as nursery:
+        server = LaneServer(a, source.fetch, host="127.0.0.1", idle_timeout=0.3)
+        await nursery.start(server.serve)
+        await b.connect(a.address)
+        async with await open_lane(b, a.peer_id) as lane:
+            got = await fetch_all(lane, [bad, *chunks])
+            assert got == [(bad, None), *chunks.items()]  # the failing read is "not here"
+        # A lane nobody uses is closed after idle_timeout.
+        reply = await b.rpc.call(a.peer_id, METHOD, None)
+        stream, rx, _ = await raw_hello(server, b, a, reply)
+        assert await rx.receive() == b""
+        assert await dropped(stream)
+        nursery.cancel_scope.cancel()

@@ -23,11 +23,13 @@ def model() -> torch.nn.Module:
                                torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 1024))  # ~7.5 MB
 
 
-async def open_nodes(stack: AsyncExitStack, tmp_path, names: str) -> list[meshd.Node]:
-    """Nodes sharing the first node's model registry; the rest bootstrap through it."""
+async def open_nodes(stack: AsyncExitStack, tmp_path, names: str, *, lane: bool = True) -> list[meshd.Node]:
+    """Nodes sharing the first node's model registry; the rest bootstrap through it.
+    Without ``lane`` the others fetch over QUIC only."""
     first = await stack.enter_async_context(meshd.open_node(tmp_path / names[0], listen="127.0.0.1:0"))
     config = Config()
     config.shards.registry = f"{first.peer_id}/models"
+    config.shards.lane = lane
     rest = [await stack.enter_async_context(meshd.open_node(
         tmp_path / name, listen="127.0.0.1:0", bootstrap=[str(first.address)], config=config))
         for name in names[1:]]
@@ -52,19 +54,17 @@ async def test_publish_then_fetch_by_name_gives_the_same_model(tmp_path):
         assert again.id == manifest.id
 
 
-async def test_many_providers_and_a_corrupt_one(tmp_path):
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "quic"])
+async def test_many_providers_and_a_corrupt_one(tmp_path, lane):
     async with AsyncExitStack() as stack:
-        a, bad, d = await open_nodes(stack, tmp_path, "acd")
+        a, bad, d = await open_nodes(stack, tmp_path, "acd", lane=lane)
         big = torch.nn.Sequential(model(), torch.nn.Linear(1024, 2048))  # 7 chunks of <= 4 MiB
         manifest = await a.shards.publish(big.state_dict(), name="gpt")
         assert len(manifest.chunks) >= 2 * 2  # each provider's first batch is 2 chunks
         await bad.shards.pull("gpt")
 
-        async def corrupt(arg, ctx):
-            async for data in bad.shards._serve_chunks(arg, ctx):
-                yield None if data is None else bytes([data[0] ^ 1]) + data[1:]
-        bad.rpc.unregister("shards.chunks")
-        bad.rpc.register("shards.chunks", corrupt)
+        good = bad.shards.store.get
+        bad.shards.store.get = lambda chunk_id, **kw: bytes([good(chunk_id)[0] ^ 1]) + good(chunk_id)[1:]
 
         await d.shards.pull("gpt@1")
         progress = d.shards.fetches[manifest.id]
@@ -72,12 +72,13 @@ async def test_many_providers_and_a_corrupt_one(tmp_path):
         states = {peer: p["state"] for peer, p in progress.providers.items()}
         assert states[str(bad.peer_id)].startswith("dropped") and "hash" in states[str(bad.peer_id)], states
         assert states[str(a.peer_id)] == "done"
+        assert {p["path"] for p in progress.providers.values()} == {"lane" if lane else "quic"}
         assert d.shards.store.missing([c.id for c in manifest.chunks], verify=True) == []
 
 
 async def test_a_stalled_provider_does_not_hold_up_the_end(tmp_path):
     async with AsyncExitStack() as stack:
-        a, stalled, d = await open_nodes(stack, tmp_path, "asd")
+        a, stalled, d = await open_nodes(stack, tmp_path, "asd", lane=False)
         manifest = await a.shards.publish(model().state_dict(), name="gpt")
         await stalled.shards.pull("gpt")
         assert len(manifest.chunks) > _FIRST_BATCH  # so the stalled provider is given a batch

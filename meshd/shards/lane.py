@@ -1,37 +1,36 @@
 """The bulk lane: chunks over TCP, keyed through the authenticated QUIC connection.
 
-QUIC RPC moves ~250 MB/s (aioquic is pure Python); plain TCP moves GB/s.  So a
-peer we reach directly can also serve chunks over TCP, sealed with AES-256-GCM:
+QUIC RPC moves ~250 MB/s (aioquic is pure Python); TCP moves GB/s.  So a
+directly reachable peer also serves chunks over TCP, sealed with AES-256-GCM:
 
-1. Over the QUIC connection the client calls ``shards.lane``; the server
-   answers ``{"port", "token", "nonce"}``: 32 random bytes of token and 16 of
-   server nonce, remembered for ``ctx.peer``, single-use, for 30 s.
-2. The client connects TCP to the peer's QUIC IP and ``port`` and sends the
-   hello, 48 bytes: ``SHA-256(ID_LABEL + token)`` (the token's id) and a
-   16-byte client nonce.  The server drops a connection whose hello is not
-   there in 5 s, or names no live token; a named token is spent either way.
+1. Over QUIC the client calls ``shards.lane``; the server answers ``{"port",
+   "token", "nonce"}`` (32 and 16 random bytes), remembered for ``ctx.peer``,
+   single-use, valid 30 s.
+2. The client connects TCP to the peer's QUIC IP at ``port`` and sends 48
+   bytes: the token's id ``SHA-256(ID_LABEL + token)`` and a 16-byte client
+   nonce.  The server drops it unless that arrives within 5 s and names a live
+   token; a token named is spent, whatever happens next.
 3. Both derive ``HKDF-SHA256(ikm=token, salt=server nonce + client nonce,
-   info=KEY_LABEL + client key + server key)``, 64 bytes: the client->server
-   key, then the server->client key.
-4. Frames, each way: 4-byte big-endian length n, then n bytes sealed with
-   AES-256-GCM under that direction's key, the nonce 4 zero bytes + a 64-bit
-   counter from 0, the length as associated data.  The server's frame 0 is
-   empty: the lane is up.  Client frames are requests, msgpack lists of 1-256
-   32-byte chunk ids; the server answers each id, in order, with a frame of
-   the chunk's bytes, or an empty frame: "not here".  (The empty chunk needs
-   no answer; its id yields b"".)  Requests may be pipelined.
+   info=KEY_LABEL + client key + server key)``: 32 bytes of client->server
+   key, then 32 of server->client key.
+4. Frames: 4-byte big-endian length n, then n bytes sealed under the sender's
+   key with nonce = 4 zero bytes + a 64-bit frame counter from 0, the length
+   as associated data.  Server frame 0 is empty: "lane up".  Client frames
+   are requests: msgpack lists of 1-256 32-byte ids.  The server answers each
+   id in order with a frame of its bytes, or an empty frame: "not here" (the
+   empty chunk, EMPTY_ID, is b"" either way).  Requests may be pipelined.
 
-Security.  QUIC authenticated both ends (Ed25519 identities) and encrypts,
-so the token reaches only the server and the caller the server names
-``ctx.peer``.  The token itself never crosses TCP, only a one-way hash of it,
-so an observer of the TCP path cannot derive the keys; whoever can seal or
-open a frame knows the token, i.e. is that peer or that server (keys bound to
-both identities too).  Counter nonces under per-direction keys make a
-replayed, reordered, dropped or altered frame fail to open, and a spent
-token cannot open a second lane.  What TCP adds is only denial of service,
-which an on-path attacker has anyway; the caller then falls back to QUIC.
-The server bounds tokens per peer and in all, connections per peer and in
-all, and closes connections that idle, stall or break the protocol.
+Why this authenticates the lane: QUIC authenticated both ends by their
+Ed25519 keys and encrypts, so the token reaches only this server and the
+caller it knows as ``ctx.peer``.  The token never crosses TCP, only a one-way
+hash of it, so someone watching TCP cannot derive the keys; whoever seals or
+opens a frame therefore knows the token: is that peer, or this server (and
+the keys are bound to both identities).  A per-direction key and counter
+nonces make a replayed, reordered, dropped, cut or altered frame fail to open,
+and a spent token cannot open a second lane.  An attacker on the TCP path can
+only deny service, which it could anyway; the caller then uses QUIC.  The
+server bounds tokens and connections per peer and in all, and closes
+connections that idle, stall or break the protocol.
 """
 
 from __future__ import annotations
@@ -40,9 +39,8 @@ import hashlib
 import inspect
 import logging
 import os
-from collections import defaultdict
-from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, Iterable
+from collections import Counter
+from typing import AsyncIterator, Awaitable, Callable, Iterable, NamedTuple
 
 import blake3
 import msgpack
@@ -86,6 +84,20 @@ def _keys(token: bytes, snonce: bytes, cnonce: bytes, client: PeerId, server: Pe
     return okm[:32], okm[32:]
 
 
+async def _fill(stream: trio.SocketStream, view: memoryview, *, eof_ok: bool = False) -> memoryview | None:
+    """Receive exactly ``len(view)`` bytes into ``view``, in reads as large as the kernel
+    gives; None if the stream ends first with ``eof_ok`` and nothing read, else LaneError."""
+    got, n = 0, len(view)
+    while got < n:
+        k = await stream.socket.recv_into(view[got:], n - got)
+        if not k:
+            if eof_ok and not got:
+                return None
+            raise LaneError("the peer closed the lane mid-frame")
+        got += k
+    return view
+
+
 class _Framer:
     """One direction of one lane: seals or opens frames with a counter nonce (so never reused)."""
 
@@ -110,40 +122,34 @@ class _Framer:
         self.aead.encrypt_into(self._nonce(), payload, header, out[4:])
         await self.stream.send_all(out)
 
-    async def _exact(self, n: int, *, eof_ok: bool = False) -> memoryview | None:
-        view, got = self._room(n), 0
-        while got < n:
-            k = await self.stream.socket.recv_into(view[got:], n - got)
-            if not k:
-                if eof_ok and not got:
-                    return None
-                raise LaneError("the peer closed the lane mid-frame")
-            got += k
-        return view
-
     async def receive(self) -> bytes | None:
         """The next frame's payload; None at a clean end of stream.  Raises LaneError
         for a frame over the limit or one that does not open (tampered, replayed, reordered)."""
-        head = await self._exact(4, eof_ok=True)
+        head = await _fill(self.stream, self._room(4), eof_ok=True)
         if head is None:
             return None
         header = bytes(head)
         n = int.from_bytes(header, "big")
         if not TAG <= n <= self.max_frame:
             raise LaneError(f"frame of {n} bytes")
-        body = await self._exact(n)
+        body = await _fill(self.stream, self._room(n))
         try:
             return self.aead.decrypt(self._nonce(), body, header)
         except InvalidTag:
             raise LaneError("a frame failed authentication") from None
 
 
-@dataclass
-class _Token:
+class _Token(NamedTuple):
     peer: PeerId
     token: bytes
     nonce: bytes
     expires: float
+
+
+def _drop(counts: Counter, key) -> None:
+    counts[key] -= 1
+    if counts[key] <= 0:
+        del counts[key]
 
 
 def _parse_request(payload: bytes) -> list[bytes]:
@@ -156,7 +162,10 @@ def _parse_request(payload: bytes) -> list[bytes]:
 
 
 class LaneServer:
-    """Serves ``get_chunk(id)`` (bytes, None, or an awaitable of either) to peers over TCP lanes."""
+    """Serves ``get_chunk(id)`` to peers over TCP lanes.  ``get_chunk`` returns bytes or
+    None, or an awaitable of either: a plain function runs on the trio thread, so one
+    that reads disk should be async (e.g. ``trio.to_thread.run_sync`` inside).  Chunks
+    over ``max_chunk`` bytes are served as "not here"."""
 
     def __init__(self, node, get_chunk: GetChunk, *, host: str, max_chunk: int = MAX_CHUNK,
                  token_ttl: float = 30.0, tokens_per_peer: int = 8, max_tokens: int = 1024,
@@ -169,8 +178,8 @@ class LaneServer:
         self.handshake_timeout, self.idle_timeout = handshake_timeout, idle_timeout
         self.port: int | None = None
         self._tokens: dict[bytes, _Token] = {}  # by token id
-        self._peer_tokens: dict[PeerId, int] = defaultdict(int)
-        self._peer_conns: dict[PeerId, int] = defaultdict(int)
+        self._peer_tokens: Counter[PeerId] = Counter()
+        self._peer_conns: Counter[PeerId] = Counter()
         self._conns = 0  # including those still in their handshake
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -200,8 +209,8 @@ class LaneServer:
         now = self.clock()
         for tid, tok in [item for item in self._tokens.items() if item[1].expires <= now]:
             self._spend(tid)
-        if (self._peer_tokens.get(peer, 0) >= self.tokens_per_peer or len(self._tokens) >= self.max_tokens
-                or self._peer_conns.get(peer, 0) >= self.conns_per_peer or self._conns >= self.max_conns):
+        if (self._peer_tokens[peer] >= self.tokens_per_peer or len(self._tokens) >= self.max_tokens
+                or self._peer_conns[peer] >= self.conns_per_peer or self._conns >= self.max_conns):
             raise ResourceExhausted("too many lanes or lane tokens")
         tok = _Token(peer, os.urandom(32), os.urandom(16), now + self.token_ttl)
         self._tokens[_token_id(tok.token)] = tok
@@ -211,9 +220,7 @@ class LaneServer:
     def _spend(self, tid: bytes) -> _Token | None:
         tok = self._tokens.pop(tid, None)
         if tok is not None:
-            self._peer_tokens[tok.peer] -= 1
-            if not self._peer_tokens[tok.peer]:
-                del self._peer_tokens[tok.peer]
+            _drop(self._peer_tokens, tok.peer)
         return tok
 
     async def _handle(self, stream: trio.SocketStream) -> None:
@@ -224,18 +231,15 @@ class LaneServer:
         self._conns += 1
         peer = None
         try:
-            hello = _Framer(stream, bytes(32), _HELLO)
             with trio.fail_after(self.handshake_timeout):
-                raw = await hello._exact(_HELLO)
+                raw = await _fill(stream, memoryview(bytearray(_HELLO)))
             tok = self._spend(bytes(raw[:32]))
-            if tok is None or tok.expires <= self.clock() or self._peer_conns.get(tok.peer, 0) >= self.conns_per_peer:
+            if tok is None or tok.expires <= self.clock() or self._peer_conns[tok.peer] >= self.conns_per_peer:
                 raise LaneError("no such token, or expired, or too many lanes")
             peer = tok.peer
             self._peer_conns[peer] += 1
             c2s, s2c = _keys(tok.token, tok.nonce, bytes(raw[32:]), peer, self.node.peer_id)
             rx, tx = _Framer(stream, c2s, _MAX_REQUEST), _Framer(stream, s2c, self.max_chunk + TAG)
-            if os.environ.get("LANE_SNDBUF"):
-                stream.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, int(os.environ["LANE_SNDBUF"]))
             await tx.send(b"")
             await self._serve(rx, tx)
         except* (LaneError, ValueError, msgpack.UnpackException, trio.TooSlowError,
@@ -246,9 +250,7 @@ class LaneServer:
         finally:
             self._conns -= 1
             if peer is not None:
-                self._peer_conns[peer] -= 1
-                if not self._peer_conns[peer]:
-                    del self._peer_conns[peer]
+                _drop(self._peer_conns, peer)
             await trio.aclose_forcefully(stream)
 
     async def _serve(self, rx: _Framer, tx: _Framer) -> None:
@@ -305,13 +307,16 @@ class Lane:
         Requests go out ``window`` batches of 256 ahead, so the server never idles.
         Raises LaneError (the lane is then closed) if the lane breaks or a frame
         fails authentication: nothing unauthenticated is ever yielded.  Leaving
-        the loop early closes the lane.  One fetch at a time per lane."""
+        the loop before the last item closes the lane (once the generator is
+        closed: ``contextlib.aclosing`` makes that prompt).  One fetch at a time."""
         ids = list(ids)
         if not all(isinstance(cid, bytes) and len(cid) == 32 for cid in ids):
             raise ValueError("chunk ids are 32 bytes")
         if self._busy or self._broken:
             raise LaneError("lane busy or closed")
-        self._busy, done = True, False
+        if not ids:
+            return
+        self._busy, left = True, len(ids)
         batches = [ids[i:i + MAX_IDS] for i in range(0, len(ids), MAX_IDS)]
         sent = 0
         try:
@@ -324,14 +329,14 @@ class Lane:
                         data = await self._rx.receive()
                     if data is None:
                         raise LaneError("the peer closed the lane")
+                    left -= 1
+                    self._busy = left > 0  # free once the last answer is in
                     yield cid, (data if data or cid == EMPTY_ID else None)
-            done = True
         except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise LaneError(f"lane broke: {exc!r}") from None
         finally:
-            self._busy = False
-            if not done:  # mid-stream: answers still in flight would be misread
-                self._broken = True
+            if left:  # mid-stream: answers still in flight would be misread
+                self._busy, self._broken = False, True
                 self._stream.socket.close()
 
     async def aclose(self) -> None:
@@ -346,12 +351,13 @@ class Lane:
         await self.aclose()
 
 
-async def open_lane(node, peer: PeerId, *, timeout: float = 10) -> Lane | None:
-    """A lane to ``peer``, or None (use QUIC) when there is no live direct QUIC path
-    to it, ``shards.lane`` fails (e.g. UNKNOWN_METHOD: no lane served), or the TCP
-    connection or its handshake fails within ``timeout`` seconds."""
+async def open_lane(node, peer: PeerId, *, timeout: float = 10, max_chunk: int = MAX_CHUNK) -> Lane | None:
+    """A lane to ``peer``, or None (use QUIC) when: no live QUIC connection to it, or
+    only a relayed or hole-punched one (its NAT would not let TCP in); ``shards.lane``
+    fails (e.g. UNKNOWN_METHOD: the peer serves no lane; RESOURCE_EXHAUSTED); or the
+    TCP connection or its handshake fails, all within ``timeout`` seconds."""
     conn = node._live(peer)
-    if conn is None or conn.remote_addr[0] == VIRTUAL_HOST:
+    if conn is None or conn.remote_addr[0] == VIRTUAL_HOST or conn.path != "direct":
         return None
     host = plain_address(conn.remote_addr)[0]
     stream = None
@@ -363,12 +369,10 @@ async def open_lane(node, peer: PeerId, *, timeout: float = 10) -> Lane | None:
                     and len(token) == 32 and isinstance(snonce, bytes) and len(snonce) == 16):
                 raise LaneError(f"bad {METHOD} reply")
             stream = await trio.open_tcp_stream(host, port)
-            if os.environ.get("LANE_RCVBUF"):
-                stream.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, int(os.environ["LANE_RCVBUF"]))
             cnonce = os.urandom(16)
             c2s, s2c = _keys(token, snonce, cnonce, node.peer_id, peer)
             await stream.send_all(_token_id(token) + cnonce)
-            rx, tx = _Framer(stream, s2c, MAX_CHUNK + TAG), _Framer(stream, c2s, _MAX_REQUEST)
+            rx, tx = _Framer(stream, s2c, max_chunk + TAG), _Framer(stream, c2s, _MAX_REQUEST)
             if await rx.receive() != b"":
                 raise LaneError("no lane handshake")
             return Lane(stream, rx, tx)

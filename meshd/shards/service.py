@@ -39,6 +39,7 @@ from ..identity import PeerId
 from ..replication import parse_ref
 from ..rpc import InvalidArgument, NotFound, RpcError
 from .format import ChunkError, Manifest, ManifestError, decode_manifest, decode_tensors, encode_tensors, sign_manifest
+from .lane import Lane, LaneError, LaneServer, open_lane
 from .store import ChunkStore
 
 if TYPE_CHECKING:
@@ -86,10 +87,18 @@ class Shards:
         node.rpc.register("shards.chunks", self._serve_chunks)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Announce every kept model once (the DHT re-announces them from then on)."""
-        task_status.started()
-        for manifest in self.manifests():
-            await self._announce(manifest)
+        """Serve the bulk lane (if enabled) and announce every kept model once
+        (the DHT re-announces them from then on); runs until cancelled."""
+        async with trio.open_nursery() as nursery:
+            if self._config.lane:
+                lane = LaneServer(self._node, self._read, host=self._node.listen_address.host)
+                await nursery.start(lane.serve)
+            task_status.started()
+            for manifest in self.manifests():
+                await self._announce(manifest)
+
+    async def _read(self, chunk_id: bytes) -> bytes | None:
+        return await trio.to_thread.run_sync(self.store.get, chunk_id)
 
     # --- manifests on disk ----------------------------------------------------------
 
@@ -324,37 +333,62 @@ class _Download:
         return None
 
     async def _worker(self, peer: PeerId) -> None:
-        """Take batches while chunks are wanted; a failure hands the batch back."""
+        """Take batches while chunks are wanted; a failure hands the batch back.
+
+        Chunks come over the peer's bulk lane when it has a direct path and
+        serves one, else (or once the lane fails) over QUIC."""
         stats = self.progress.providers.setdefault(str(peer), {"bytes": 0, "mb_s": 0.0, "state": "fetching"})
+        lane = await open_lane(self.shards._node, peer) if self.shards._config.lane else None
+        stats["path"] = "lane" if lane else "quic"
         rate, batch_size = 0.0, _FIRST_BATCH
-        while self.wanted:
-            batch = self._next_batch(batch_size)
-            if batch is None:  # all in flight elsewhere: wait for a batch to end
-                await self._event.wait()
-                continue
-            started, got = time.monotonic(), 0
-            self.active[peer] = batch
-            try:
-                got = await self._pull(peer, batch)
-            except (RpcError, ChunkError, trio.BrokenResourceError) as exc:
-                stats["state"] = f"dropped: {exc}"
-                log.info("fetch of %s: dropped %s: %s", self.manifest.id.hex()[:16], peer.short(), exc)
-                return
-            finally:
-                del self.active[peer]
-                back = [c for c in batch[got:] if c in self.wanted]
-                self.doubled.difference_update(back)
-                self.queue.extend(back)  # what it did not deliver goes to the others
-                self._changed()
-            if got == 0:
-                stats["state"] = "has none of the rest"
-                return
-            elapsed = max(time.monotonic() - started, 1e-3)
-            moved = sum(self.sizes[c] for c in batch[:got])
-            rate = moved / elapsed if rate == 0 else 0.5 * rate + 0.5 * moved / elapsed
-            batch_size = max(1, min(MAX_IDS, int(rate / (self.manifest.chunk_size or 1))))
-            stats.update(bytes=stats["bytes"] + moved, mb_s=round(rate / 1e6, 1))
-        stats["state"] = "done"
+        try:
+            while self.wanted:
+                batch = self._next_batch(batch_size)
+                if batch is None:  # all in flight elsewhere: wait for a batch to end
+                    await self._event.wait()
+                    continue
+                started, got = time.monotonic(), 0
+                self.active[peer] = batch
+                try:
+                    got = await (self._pull_lane(lane, batch) if lane else self._pull(peer, batch))
+                except LaneError as exc:
+                    log.info("lane to %s failed (%s): QUIC from now on", peer.short(), exc)
+                    lane, stats["path"] = None, "quic"
+                    continue
+                except (RpcError, ChunkError, trio.BrokenResourceError) as exc:
+                    stats["state"] = f"dropped: {exc}"
+                    log.info("fetch of %s: dropped %s: %s", self.manifest.id.hex()[:16], peer.short(), exc)
+                    return
+                finally:
+                    del self.active[peer]
+                    back = [c for c in batch[got:] if c in self.wanted]
+                    self.doubled.difference_update(back)
+                    self.queue.extend(back)  # what it did not deliver goes to the others
+                    self._changed()
+                if got == 0:
+                    stats["state"] = "has none of the rest"
+                    return
+                elapsed = max(time.monotonic() - started, 1e-3)
+                moved = sum(self.sizes[c] for c in batch[:got])
+                rate = moved / elapsed if rate == 0 else 0.5 * rate + 0.5 * moved / elapsed
+                batch_size = max(1, min(MAX_IDS, int(rate / (self.manifest.chunk_size or 1))))
+                stats.update(bytes=stats["bytes"] + moved, mb_s=round(rate / 1e6, 1))
+            stats["state"] = "done"
+        finally:
+            if lane is not None:
+                with trio.CancelScope(shield=True):
+                    await lane.aclose()
+
+    async def _pull_lane(self, lane: Lane, batch: list[bytes]) -> int:
+        """:meth:`_pull` over a bulk lane (which stops being usable after a chunk it lacks)."""
+        got = 0
+        async for chunk_id, data in lane.fetch(batch):
+            if data is None:
+                raise LaneError("the peer lacks a chunk")  # the lane is closed; QUIC takes over
+            await trio.to_thread.run_sync(self.shards.store.put, chunk_id, data)
+            self._stored(chunk_id, len(data))
+            got += 1
+        return got
 
     async def _pull(self, peer: PeerId, batch: list[bytes]) -> int:
         """Stream ``batch`` from ``peer``, storing each verified chunk; returns how many
