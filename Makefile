@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test bench bench-dht bench-crdt clean coturn nftables
+.PHONY: demo test bench bench-dht bench-crdt bench-shards clean coturn nftables
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
@@ -20,6 +20,10 @@ bench-dht: $(STAMP)
 
 bench-crdt: $(STAMP)
 	$(VENV)/bin/python benchmarks/crdt.py
+
+bench-shards: $(STAMP)
+	$(VENV)/bin/python benchmarks/lane.py
+	$(VENV)/bin/python benchmarks/shards.py
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
