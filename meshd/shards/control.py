@@ -87,8 +87,9 @@ def shards_methods(node: "Node") -> dict:
         if out:
             await trio.to_thread.run_sync(write_safetensors, manifest, shards.store.get,
                                           os.path.expanduser(out))
-        fetched = shards.fetches[manifest.id].fetched_bytes
-        yield {"done": True, **_info(manifest), "out": out, "fetched_bytes": fetched}
+        progress = shards.fetches[manifest.id]
+        yield {"done": True, **_info(manifest), "out": out, "fetched_bytes": progress.fetched_bytes,
+               "providers": progress.providers}
 
     async def ls(arg, ctx):
         present = {model: have for model, _, _, _, have in shards.store.pins()}

@@ -24,9 +24,10 @@ import logging
 import os
 import time
 from collections import deque
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping
 
 import trio
 
@@ -70,7 +71,7 @@ class Progress:
 
     def as_dict(self) -> dict:
         return {"model": self.model, "total_bytes": self.total_bytes, "have_bytes": self.have_bytes,
-                "fetched_bytes": self.fetched_bytes, "providers": self.providers, "done": self.done}
+                "fetched_bytes": self.fetched_bytes, "providers": self.providers}
 
 
 class Shards:
@@ -350,7 +351,7 @@ class _Download:
                 started, got = time.monotonic(), 0
                 self.active[peer] = batch
                 try:
-                    got = await (self._pull_lane(lane, batch) if lane else self._pull(peer, batch))
+                    got = await (self._pull_lane(lane, batch, stats) if lane else self._pull(peer, batch, stats))
                 except LaneError as exc:
                     log.info("lane to %s failed (%s): QUIC from now on", peer.short(), exc)
                     lane, stats["path"] = None, "quic"
@@ -372,42 +373,63 @@ class _Download:
                 moved = sum(self.sizes[c] for c in batch[:got])
                 rate = moved / elapsed if rate == 0 else 0.5 * rate + 0.5 * moved / elapsed
                 batch_size = max(1, min(MAX_IDS, int(rate / (self.manifest.chunk_size or 1))))
-                stats.update(bytes=stats["bytes"] + moved, mb_s=round(rate / 1e6, 1))
+                stats["mb_s"] = round(rate / 1e6, 1)
             stats["state"] = "done"
         finally:
             if lane is not None:
                 with trio.CancelScope(shield=True):
                     await lane.aclose()
 
-    async def _pull_lane(self, lane: Lane, batch: list[bytes]) -> int:
-        """:meth:`_pull` over a bulk lane (which stops being usable after a chunk it lacks)."""
-        got = 0
-        async for chunk_id, data in lane.fetch(batch):
-            if data is None:
-                raise LaneError("the peer lacks a chunk")  # the lane is closed; QUIC takes over
-            await trio.to_thread.run_sync(self.shards.store.put, chunk_id, data)
-            self._stored(chunk_id, len(data))
-            got += 1
-        return got
+    @asynccontextmanager
+    async def _writing(self, stats: dict) -> AsyncIterator[tuple[trio.MemorySendChannel, list[int]]]:
+        """A channel of ``(chunk id, bytes)`` that a writer task verifies and stores in
+        order while the next chunks arrive; ``stored[0]`` counts those stored.
+        ChunkError (raised here) if one does not verify."""
+        send, receive = trio.open_memory_channel(2)
+        stored = [0]
 
-    async def _pull(self, peer: PeerId, batch: list[bytes]) -> int:
+        async def writer() -> None:
+            async with receive:
+                async for chunk_id, data in receive:
+                    await trio.to_thread.run_sync(self.shards.store.put, chunk_id, data)
+                    stored[0] += 1
+                    stats["bytes"] += len(data)
+                    self._stored(chunk_id, len(data))
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer)
+                async with send:
+                    yield send, stored
+        except BaseExceptionGroup as group:  # one failure: the caller handles it by type
+            while isinstance(group, BaseExceptionGroup):
+                group = group.exceptions[0]
+            raise group from None
+
+    async def _pull_lane(self, lane: Lane, batch: list[bytes], stats: dict) -> int:
+        """:meth:`_pull` over a bulk lane (which stops being usable after a chunk it lacks)."""
+        async with self._writing(stats) as (send, stored):
+            async for chunk_id, data in lane.fetch(batch):
+                if data is None:
+                    raise LaneError("the peer lacks a chunk")  # the lane is closed; QUIC takes over
+                await send.send((chunk_id, data))
+        return stored[0]
+
+    async def _pull(self, peer: PeerId, batch: list[bytes], stats: dict) -> int:
         """Stream ``batch`` from ``peer``, storing each verified chunk; returns how many
         it sent before the first it lacks.  ChunkError if one does not verify."""
-        got = 0
         rpc = self.shards._node.rpc
-        async with rpc.stream(peer, "shards.chunks", {"model": self.manifest.id, "ids": batch},
-                              timeout=_CALL_TIMEOUT) as stream:
-            async for data in stream:
-                if data is None:
-                    break
-                if not isinstance(data, bytes):
-                    raise ChunkError("a chunk that is not bytes")
-                await trio.to_thread.run_sync(self.shards.store.put, batch[got], data)
-                self._stored(batch[got], len(data))
-                got += 1
-                if got == len(batch):
-                    break
-        return got
+        async with self._writing(stats) as (send, stored):
+            async with rpc.stream(peer, "shards.chunks", {"model": self.manifest.id, "ids": batch},
+                                  timeout=_CALL_TIMEOUT) as stream:
+                ids = iter(batch)
+                async for data in stream:  # one item per id asked, None where it has none
+                    if data is None:
+                        break
+                    chunk_id = next(ids, None)
+                    if chunk_id is None or not isinstance(data, bytes):
+                        raise ChunkError("an item that is not a chunk asked for")
+                    await send.send((chunk_id, data))
+        return stored[0]
 
     def _stored(self, chunk_id: bytes, size: int) -> None:
         self.progress.fetched_bytes += size

@@ -1,0 +1,360 @@
+"""Model shards: publish once, fetch from 1 and from 3 providers, beside plain TCP and the anchors.
+
+    .venv/bin/python benchmarks/shards.py [--mib 1024 | --quick] [--skip tcp,meshd,anchors] [--json FILE]
+
+One run, one table, all on 127.0.0.1 (MB = 1e6 bytes; about 1.5-2 min for 1 GiB on 2 cores):
+
+1. TCP ceiling: ``--mib`` MiB sent from memory to a child process that ``recv_into``s and discards.
+2. meshd: four ``meshd start`` daemons, d0 bootstrapping the rest, ``shards.registry`` = d0's
+   ``models``.  A ``--mib`` MiB .safetensors model (random float32 tensors of 4-16 MiB and a few
+   small ones) is published on d0 (timed) and fetched by d3 with ``client.fetch_model`` (no output
+   file), timed from the call to its ``done`` item: 1 provider.  d1 and d2 fetch it, d3 forgets it
+   (``shards.unpin`` + ``shards.gc``) and fetches again: 3 providers, and how the bytes split.
+3. Verification: blake3 of the same chunks in this process, as a share of the 1-provider fetch.
+4. Anchors (``../shared/anchors``, venvs from its ``setup``) at ``--anchor-mib`` (256): Lattica's
+   put_block/get_block fetch and hivemind's averager round.
+
+Targets: >= 250 MB/s from 1 provider, >= 400 MB/s from 3, verification <= 10 % of the fetch time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import blake3
+import trio
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:1] = [str(REPO)]  # the repo, not this folder (benchmarks/nat.py shadows nat)
+import meshd  # noqa: E402
+from meshd.control import socket_path  # noqa: E402
+from meshd.localmesh import Daemon  # noqa: E402
+from meshd.shards.format import encode_tensors, write_safetensors  # noqa: E402
+
+MiB, MB = 1 << 20, 1e6
+ANCHORS = REPO.parent / "shared" / "anchors"
+TARGET_ONE, TARGET_THREE, TARGET_VERIFY = 250.0, 400.0, 0.10
+NODES = 4  # d0 publishes, d1 and d2 become providers, d3 fetches
+
+
+def log(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def row(part, measure, mb_s=None, wall_s=None, target="", met=None, detail=""):
+    return dict(part=part, measure=measure, mb_s=mb_s, wall_s=wall_s, target=target, met=met, detail=detail)
+
+
+_RECEIVER = r"""
+import socket, sys
+srv = socket.socket(fileno=int(sys.argv[1]))
+srv.settimeout(60); conn, _ = srv.accept(); conn.settimeout(60)
+view, total = memoryview(bytearray(4 << 20)), 0
+while n := conn.recv_into(view):
+    total += n
+conn.sendall(total.to_bytes(8, "big"))
+"""
+
+
+def tcp_rows(total: int) -> list[dict]:
+    with socket.create_server(("127.0.0.1", 0)) as srv:  # the child accepts on it
+        proc = subprocess.Popen([sys.executable, "-c", _RECEIVER, str(srv.fileno())], pass_fds=[srv.fileno()])
+        addr = srv.getsockname()
+    try:
+        view = memoryview(os.urandom(16 * MiB))
+        with socket.create_connection(addr, timeout=60) as sock:
+            t0 = time.perf_counter()
+            for sent in range(0, total, len(view)):
+                sock.sendall(view[:total - sent])
+            sock.shutdown(socket.SHUT_WR)
+            got = int.from_bytes(sock.recv(8), "big")
+            wall = time.perf_counter() - t0
+        assert got == total, f"the receiver got {got} of {total} bytes"
+    finally:
+        proc.kill()
+        proc.wait(10)
+    return [row("TCP ceiling", "plain TCP copy, 2 processes", total / wall / MB, wall,
+                detail=f"{total / MiB:,.0f} MiB: 16 MiB sendall from memory -> recv_into a 4 MiB buffer")]
+
+
+def make_model(path: Path, total: int, seed: int = 1):
+    """Write a ``total``-byte .safetensors model; its layout and chunk bytes (in stream order)."""
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy
+    import torch
+    rng = random.Random(seed)  # 12 small tensors (norms), then 4-16 MiB ones up to ``total``
+    sizes = {f"layers.{i:02}.norm.weight": 4 * rng.choice([256, 1024, 4096, 16384]) for i in range(12)}
+    left, i = total - sum(sizes.values()), 0
+    while left > 0:
+        n = left if left <= 16 * MiB else rng.randrange(4 * MiB, 16 * MiB + 1, 64 * 1024)
+        if left - n and left - n < 4 * MiB:
+            n = left // 8 * 4  # two halves rather than a runt
+        sizes[f"layers.{i:02}.mlp.weight"] = n
+        left, i = left - n, i + 1
+    torch.manual_seed(seed)
+    state = {name: torch.rand(n // 4, dtype=torch.float32) for name, n in sizes.items()}
+    layout, chunks = encode_tensors(state)
+    write_safetensors(layout, dict(zip((c.id for c in layout.chunks), chunks)), path)
+    return layout, chunks
+
+
+def hash_rate(chunks: list[bytes]) -> float:
+    """Bytes per second of blake3 over ``chunks``, one thread (as ``ChunkStore.put``); best of 2."""
+    def once() -> float:
+        t0 = time.perf_counter()
+        for c in chunks:
+            blake3.blake3(c).digest()
+        return time.perf_counter() - t0
+    return sum(map(len, chunks)) / min(once(), once())
+
+
+def start_mesh(base: Path, started: list[Daemon]) -> list[Daemon]:
+    path = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + (os.pathsep + path if path else ""))
+    config = {"nat": {"port_mapping": False, "stun_servers": []}}  # loopback only
+    first = Daemon(base / "d0", config=config, env=env)
+    started.append(first)
+    first.start(timeout=30)
+    config = {**config, "shards": {"registry": f"{first.peer_id}/models"}}
+    rest = [Daemon(base / f"d{i}", bootstrap=[str(first.address)], config=config, env=env)
+            for i in range(1, NODES)]
+    started.extend(rest)
+    with ThreadPoolExecutor(3) as pool:  # start-up is mostly imports: overlap them
+        list(pool.map(lambda d: d.start(30), rest))
+    return [first, *rest]
+
+
+async def wait_routing(clients, timeout: float = 20.0) -> list[int]:
+    """Until every routing table knows all the others (or is non-empty after ``timeout``)."""
+    sizes = [0]
+    with trio.move_on_after(timeout):
+        while min(sizes := [(await c.dht_routing())["size"] for c in clients]) < len(clients) - 1:
+            await trio.sleep(0.2)
+    if min(sizes) == 0:
+        raise RuntimeError(f"routing tables still empty after {timeout:.0f} s: {sizes}")
+    return sizes
+
+
+async def fetch(client, ref: str) -> dict:
+    """Fetch ``ref``: wall seconds from the call to the done item, the done item, the last progress."""
+    t0, last, done, early = time.perf_counter(), None, None, 0
+    async with client.fetch_model(ref) as items:
+        async for item in items:
+            if item.get("done") and "id" in item:
+                done = item
+                break
+            early += bool(item.get("done"))  # a progress item that already says done
+            last = item
+    if done is None:
+        raise RuntimeError(f"fetch of {ref} ended without a done item")
+    return {"wall_s": time.perf_counter() - t0, "done": done, "progress": last, "early_done_items": early}
+
+
+async def run_mesh(daemons: list[Daemon], model: Path, name: str, timeout: float, res: dict) -> None:
+    """Publish on d0, fetch on d3; d1, d2 fetch; d3 forgets and fetches again.  Results go in ``res``
+    as they come, so that a timeout keeps what was measured before it."""
+    clients = [meshd.Client(socket_path(d.data_dir)) for d in daemons]
+    with trio.fail_after(timeout):  # publish_model and fetch_model have no limit of their own
+        res["routing"] = await wait_routing(clients)
+        t0 = time.perf_counter()
+        info = await clients[0].publish_model(model, name, 1)
+        res["publish"], res["publish_s"] = info, time.perf_counter() - t0
+        log(f"[meshd] published {info['bytes'] / MB:,.0f} MB in {res['publish_s']:.1f} s")
+        res["one"] = await fetch(clients[3], name)
+        log(f"[meshd] d3 fetched from 1 provider in {res['one']['wall_s']:.1f} s")
+        res["seed"] = [(await fetch(clients[i], name))["wall_s"] for i in (1, 2)]
+        log(f"[meshd] d1, d2 fetched in {res['seed'][0]:.1f}, {res['seed'][1]:.1f} s")
+        res["unpin"] = await clients[3].request("shards.unpin", {"id": info["id"]})
+        res["gc"] = await clients[3].request("shards.gc", {})
+        res["three"] = await fetch(clients[3], name)
+        log(f"[meshd] d3 fetched again from 3 providers in {res['three']['wall_s']:.1f} s")
+
+
+def split(fetched: dict, names: dict[str, str]) -> str:
+    """Bytes and last measured rate per provider, from the last progress item (the done item has no
+    per-provider figures; a provider's bytes count only batches it finished, not one cut off at the end)."""
+    last = fetched["progress"] or {}
+    provs = {names.get(k, k[:8]): p for k, p in last.get("providers", {}).items()}
+    return (f"by provider, finished batches only ({sum(p['bytes'] for p in provs.values()) / MB:,.0f} of "
+            f"{last.get('fetched_bytes', 0) / MB:,.0f} MB in at the last progress item): " + " · ".join(
+                f"{k} {p['bytes'] / MB:,.0f} MB ({p['mb_s']:g} MB/s{', ' + p['path'] if 'path' in p else ''})"
+                for k, p in sorted(provs.items())))
+
+
+def meshd_rows(total: int, tmp: Path, timeout: float, res: dict) -> list[dict]:
+    t0, model = time.perf_counter(), tmp / "model.safetensors"
+    layout, chunks = make_model(model, total)
+    log(f"[meshd] model of {len(chunks)} chunks written in {time.perf_counter() - t0:.1f} s")
+    rate, nbytes = hash_rate(chunks), layout.total_size
+    del chunks, layout
+    m, started, rows = res.setdefault("meshd", {}), [], []
+    try:
+        trio.run(run_mesh, start_mesh(tmp / "mesh", started), model, "bench/model", timeout, m)
+    except Exception as exc:  # the rows measured so far, then what went wrong
+        m["error"] = f"{type(exc).__name__}: {exc or f'not done within --timeout {timeout:g} s'}"
+    finally:
+        for d in started:
+            if d.proc is not None and d.proc.poll() not in (None, -9):
+                log(f"--- {d.data_dir.name} exited {d.proc.returncode}: {d.tail_log(5)}")
+            d.kill()
+            if d.proc is not None and d.proc.stdout is not None:
+                d.proc.stdout.close()
+    names = {d.peer_id: d.data_dir.name for d in started if d.address}
+    if "publish" in m:
+        rows.append(row("meshd", "publish on d0", nbytes / m["publish_s"] / MB, m["publish_s"],
+                        detail=f"{m['publish']['tensors']} tensors, {m['publish']['chunks']} chunks: read, cut, "
+                               f"hash, store (fsync), sign, announce, register"))
+    if one := m.get("one"):
+        mb1 = nbytes / one["wall_s"] / MB
+        rows.append(row("meshd", "fetch by d3, 1 provider", mb1, one["wall_s"], f"≥ {TARGET_ONE:g} MB/s",
+                        mb1 >= TARGET_ONE, f"every chunk verified; fetched {one['done']['fetched_bytes'] / MB:,.0f} "
+                                           f"MB; {split(one, names)}"))
+    if three := m.get("three"):
+        mb3, early = nbytes / three["wall_s"] / MB, one["early_done_items"] + three["early_done_items"]
+        rows.append(row("meshd", "fetch by d3, 3 providers", mb3, three["wall_s"], f"≥ {TARGET_THREE:g} MB/s",
+                        mb3 >= TARGET_THREE, f"after d1, d2 fetched ({m['seed'][0]:.1f}, {m['seed'][1]:.1f} s) "
+                        f"and d3 unpinned + collected {m['gc']['freed_bytes'] / MB:,.0f} MB; fetched "
+                        f"{three['done']['fetched_bytes'] / MB:,.0f} MB; {split(three, names)}"
+                        + (f"; {early} progress item(s) said done before the done item" if early else "")))
+    if "error" in m:
+        rows.append(row("meshd", "FAILED", met=False, detail=m["error"][:200]))
+    if one:
+        share = m["verify_share"] = nbytes / rate / one["wall_s"]
+        m["blake3_bytes_s"] = rate
+        rows.append(row("verification", "blake3, 1 thread, same chunks", rate / MB, nbytes / rate,
+                        f"≤ {TARGET_VERIFY:.0%} of fetch", share <= TARGET_VERIFY,
+                        f"{share:.1%} of the 1-provider fetch time"))
+    return rows
+
+
+def run_anchor(python: str, script: str, extra: list[str], timeout: float) -> dict:
+    if not os.path.exists(python):
+        return {"error": f"not set up ({python} missing): run ../shared/anchors/setup once"}
+    with tempfile.TemporaryDirectory(prefix="meshd-shards-anchor-") as tmp:
+        out = os.path.join(tmp, "res.json")
+        cmd = [python, str(ANCHORS / script), *extra, "--json", out, "--deadline", str(int(timeout) - 20)]
+        log(f"[anchors] {' '.join(cmd)}")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:.0f} s"}
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if not os.path.exists(out):
+            return {"error": f"failed rc={proc.returncode}: {output.strip()[-200:]}"}
+        with open(out) as f:
+            return json.load(f)
+
+
+def anchor_rows(mib: int, timeout: float, res: dict) -> list[dict]:
+    size, rows, nan = mib * MiB, [], {"median_s": float("nan")}
+    lat = res["lattica"] = run_anchor(  # the RPC part is cut to one call of each kind
+        "/tmp/lat-venv/bin/python", "lattica_bench.py", ["--skip", "dht", "--xfer-mib", str(mib), "--xfer-reps",
+        "1", "--rpc-calls", "1", "--rpc-calls-conc", "1", "--concurrency", "1", "--warmup", "1"], timeout)
+    get = lat.get("xfer", {}).get("bitswap_get", {})
+    if get.get("reps"):
+        pull = lat["xfer"].get("stream_pull", nan)["median_s"]
+        rows.append(row("Lattica (anchor)", f"get_block {mib} MiB, 1 provider", size / get["median_s"] / MB,
+                        get["median_s"], detail=f"lattica {lat.get('version', '?')}, own netns; put_block then "
+                        f"get_block (bitswap), sha256 checked: {get['verified']}; rpc_stream pull "
+                        f"{size / pull / MB:,.0f} MB/s"))
+    else:
+        rows.append(row("Lattica (anchor)", "get_block", detail=str(lat.get("error", "no get_block result"))[:200]))
+    hm = res["hivemind"] = run_anchor("/tmp/hm-venv/bin/python", "hivemind_bench.py", [
+        "--skip", "dht,p2p", "--xfer-mib", str(mib), "--xfer-reps", "1", "--avg-rounds", "1"], timeout)
+    avg = hm.get("averager") or {}
+    if avg.get("successes"):
+        s = avg["median_round_s"]
+        rows.append(row("hivemind (anchor)", f"averager round, {mib} MiB tensor", size / s / MB, s,
+                        detail=f"hivemind {hm.get('version', '?')}, own netns; DecentralizedAverager.step, 2 peers, "
+                               f"incl. matchmaking (min {avg['min_matchmaking_time']:g} s)"))
+    else:
+        err = hm.get("error") or "; ".join(hm.get("errors", [])) or "no averager result"
+        rows.append(row("hivemind (anchor)", "averager round", detail=str(err)[:200]))
+    return rows
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    table = Table(title=title)
+    for col in ("part", "measure", "MB/s", "wall s", "target", "detail"):
+        table.add_column(col, justify="right" if col in ("MB/s", "wall s") else "left")
+    for i, r in enumerate(rows):
+        if i and r["part"] != rows[i - 1]["part"]:
+            table.add_section()
+        target = r["target"]
+        if r["met"] is not None:
+            target = f"{target} [green]met[/]" if r["met"] else f"{target} [red]MISSED[/]"
+        table.add_row(r["part"], r["measure"], "-" if r["mb_s"] is None else f"{r['mb_s']:,.0f}",
+                      "-" if r["wall_s"] is None else f"{r['wall_s']:,.2f}", target, r["detail"])
+    Console(width=220).print(table)
+    print("MB = 1e6 bytes.  Fetch: from the fetch_model call until its done item; chunks come over the bulk\n"
+          "lane or QUIC (the path per provider), each blake3-checked and stored with fsync; fetched counts\n"
+          "chunks received twice (end game).  By provider: bytes in its finished batches and its last batch\n"
+          "rate, from the last progress item.  Verification: blake3 of the model's chunks in one thread, as\n"
+          "a share of the 1-provider fetch time.  Anchors: their own scripts, one rep each, loopback netns.")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=1024, help="model size (and TCP copy) in MiB")
+    parser.add_argument("--quick", action="store_true", help="--mib 256")
+    parser.add_argument("--anchor-mib", type=int, default=256, help="size the anchor scripts move")
+    parser.add_argument("--skip", default="", help="comma list of: tcp, meshd, anchors")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds for the daemons' part")
+    parser.add_argument("--anchor-timeout", type=float, default=200.0, help="seconds per anchor script")
+    parser.add_argument("--json", metavar="FILE", help="also write the rows and raw results as JSON")
+    args = parser.parse_args()
+    args.mib = 256 if args.quick else args.mib
+    if unknown := {s for s in args.skip.split(",") if s} - {"tcp", "meshd", "anchors"}:
+        parser.error(f"--skip: unknown part(s) {', '.join(sorted(unknown))}")
+    os.chdir(REPO)  # the daemons run `python -m`, which puts the working directory first on sys.path
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    t0, rows, rc = time.perf_counter(), [], 0
+    results: dict = {"cpus": os.cpu_count(), "args": vars(args)}
+    with tempfile.TemporaryDirectory(prefix="meshd-shards-bench-") as tmp:
+        parts = [("tcp", lambda: tcp_rows(args.mib * MiB)),
+                 ("meshd", lambda: meshd_rows(args.mib * MiB, Path(tmp), args.timeout, results)),
+                 ("anchors", lambda: anchor_rows(args.anchor_mib, args.anchor_timeout, results))]
+        try:
+            for name, run in [(n, r) for n, r in parts if n not in args.skip.split(",")]:
+                log(f"[{name}] ...")
+                try:
+                    rows += run()
+                except Exception as exc:
+                    log(f"[{name}] failed: {type(exc).__name__}: {exc}")
+                    rows.append(row(name, "FAILED", met=False, detail=f"{type(exc).__name__}: {exc}"[:200]))
+                    rc = 1
+        except KeyboardInterrupt:
+            rows.append(row("interrupted", "(the rows above are all there is)"))
+            rc = 130
+    rc = rc or int(any(r["measure"] == "FAILED" for r in rows))
+    results["rows"], results["wall_s"] = rows, time.perf_counter() - t0
+    print_table(rows, f"Model shards: {args.mib:,} MiB on 127.0.0.1, {NODES} daemons ({os.cpu_count()} CPUs; "
+                      f"run took {results['wall_s']:.0f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
