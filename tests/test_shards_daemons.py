@@ -48,6 +48,8 @@ async def test_a_fetch_killed_halfway_resumes_with_what_is_missing(daemons, tmp_
         assert done["done"] and done["id"] == published["id"]
         assert 0 < done["fetched_bytes"] <= published["bytes"] - first["have_bytes"]
         assert filecmp.cmp(source, out, shallow=False)
+        human = b.meshctl_raw("shard", "fetch", "run42/gpt@1")  # the progress bar's path
+        assert human.returncode == 0 and human.stdout.startswith("fetched run42/gpt@1 "), human
         [kept] = b.meshctl("shard", "ls")
         assert kept["present_bytes"] == kept["bytes"] and kept["name"] == "run42/gpt"
         collected = b.meshctl("shard", "gc", "--unpin", published["id"])
