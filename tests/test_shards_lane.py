@@ -133,6 +133,21 @@ async def test_bad_clients_are_dropped_and_serving_goes_on(tmp_path):
         assert not server._tokens
 
 
+async def test_connections_without_an_outstanding_token_are_closed_at_once(tmp_path):
+    chunks = make_chunks(2, 1000)
+    async with lane_nodes(tmp_path, chunks, handshake_timeout=3.0) as (a, server, b):
+        with trio.fail_after(2.5):  # before any handshake times out
+            stranger = await trio.open_tcp_stream("127.0.0.1", server.port)
+            assert await dropped(stranger)  # no token issued: no slot
+            await b.rpc.call(a.peer_id, METHOD, None)  # one token: one handshake slot
+            squatter = await trio.open_tcp_stream("127.0.0.1", server.port)
+            second = await trio.open_tcp_stream("127.0.0.1", server.port)
+            assert await dropped(second)
+        assert await dropped(squatter)  # silent until its handshake timed out
+        async with await open_lane(b, a.peer_id) as lane:  # the slot is free again
+            assert dict(await fetch_all(lane, list(chunks))) == chunks
+
+
 async def test_token_single_use_expiry_and_binding(tmp_path):
     now = [1000.0]
     chunks = make_chunks(1, 100)

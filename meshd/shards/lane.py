@@ -181,6 +181,7 @@ class LaneServer:
         self._peer_tokens: Counter[PeerId] = Counter()
         self._peer_conns: Counter[PeerId] = Counter()
         self._conns = 0  # including those still in their handshake
+        self._handshakes = 0  # connections that have not named a token yet: at most one per token
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Listen on ``host``, port 0 (then ``self.port``), register ``shards.lane``;
@@ -225,14 +226,18 @@ class LaneServer:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         """One TCP connection: hello, then requests until the client leaves or misbehaves."""
-        if self._conns >= self.max_conns:
-            await trio.aclose_forcefully(stream)
+        if self._conns >= self.max_conns or self._handshakes >= len(self._tokens):
+            await trio.aclose_forcefully(stream)  # no token waits for this connection
             return
         self._conns += 1
         peer = None
         try:
-            with trio.fail_after(self.handshake_timeout):
-                raw = await _fill(stream, memoryview(bytearray(_HELLO)))
+            self._handshakes += 1
+            try:
+                with trio.fail_after(self.handshake_timeout):
+                    raw = await _fill(stream, memoryview(bytearray(_HELLO)))
+            finally:
+                self._handshakes -= 1
             tok = self._spend(bytes(raw[:32]))
             if tok is None or tok.expires <= self.clock() or self._peer_conns[tok.peer] >= self.conns_per_peer:
                 raise LaneError("no such token, or expired, or too many lanes")
