@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from dht.network import DhtError
 from dht.ratelimit import RateLimiter
 
 from .identity import PeerId, PeerIdError
-from .rpc import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, RpcError
+from .rpc import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, RpcError, Unavailable
 
 if TYPE_CHECKING:
     from .config import CrdtSection
@@ -214,9 +215,20 @@ class Replication:
             doc.receive(change)
         except (ChangeError, Rejected) as exc:
             raise DocError(str(exc)) from None
-        self.store.save(doc, [change])
+        self._save(replica, [change])
         self._applied(replica, [change], source=None)
         return change
+
+    def _save(self, replica: Replica, changes: list[Change]) -> None:
+        """Store changes already applied in memory.  If the disk refuses them, the
+        replica is reloaded from disk (so memory holds nothing the disk lacks:
+        peers are never offered a change we cannot send) and DocError is raised."""
+        try:
+            self.store.save(replica.doc, changes)
+        except (sqlite3.Error, OSError) as exc:
+            replica.doc = self.store.load(replica.doc.owner, replica.doc.name,
+                                          max_pending=self._config.max_pending)
+            raise DocError(f"could not store the change: {exc}") from None
 
     @contextmanager
     def subscribe(self, replica: Replica) -> Iterator[Watcher]:
@@ -271,7 +283,10 @@ class Replication:
                     log.info("%s: refused a change from %s: %s", replica.ref, source.short(), exc)
         finally:  # what was applied is stored, even when the rest of the batch is refused
             if applied:
-                self.store.save(replica.doc, applied)
+                try:
+                    self._save(replica, applied)
+                except DocError as exc:
+                    raise Unavailable(str(exc)) from None
                 self._applied(replica, applied, source)
         if replica.doc.pending:
             replica.peers[source] = None

@@ -7,6 +7,7 @@ bad change lose its call.  Waiting is done on the documents' change events.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from contextlib import AsyncExitStack
 
@@ -216,3 +217,21 @@ async def test_new_changes_from_one_peer_are_rate_limited_and_what_came_first_is
         assert a.docs.store.load(a.peer_id.key, NAME).get(["k"]) == 4  # ... and stored
         # Copies a peer already has cost nothing: pushing them again is fine.
         assert await b.rpc.call(a.peer_id, "crdt.push", {"doc": doc.id, "changes": wires[:5]}) == {"new": 0}
+
+
+async def test_a_write_the_disk_refuses_is_not_acknowledged_and_not_kept(tmp_path, monkeypatch):
+    async with AsyncExitStack() as stack:
+        (a,) = await open_nodes(stack, tmp_path, "a")
+        replica = await a.docs.open(NAME, create=True)
+        a.docs.write(replica, lambda tx: tx.set(["kept"], 1))
+        store = a.docs.store
+
+        def full_disk(doc, changes):
+            raise sqlite3.OperationalError("database or disk is full")
+        monkeypatch.setattr(store, "save", full_disk)
+        with pytest.raises(DocError, match="disk is full"):
+            a.docs.write(replica, lambda tx: tx.set(["lost"], 2))
+        assert replica.doc.get() == {"kept": 1}  # reloaded: memory holds what the disk holds
+        monkeypatch.undo()
+        a.docs.write(replica, lambda tx: tx.set(["next"], 3))
+        assert store.load(a.peer_id.key, NAME).get() == {"kept": 1, "next": 3}
