@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import statistics
 import sys
 import tempfile
@@ -43,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:1] = [str(REPO)]
 import meshd  # noqa: E402
 from benchmarks.dht import pct, start_daemons, wait_for_routing  # noqa: E402
+from benchmarks.parts import log, run_parts, stop_on_sigterm  # noqa: E402
 from crdt.change import decode_change  # noqa: E402
 from crdt.document import Document  # noqa: E402
 from crdt.reconcile import ItemSet, Reconciler  # noqa: E402
@@ -51,10 +51,6 @@ from meshd.localmesh import Daemon  # noqa: E402
 
 TX = 1_000  # operations per transaction
 TARGET_SETS, TARGET_RATIO, TARGET_CONVERGE_MS = 50_000, 2.0, 1_000.0
-
-
-def log(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 def new_key() -> tuple[bytes, object]:
@@ -358,25 +354,14 @@ def main() -> int:
     if args.quick:
         args.ops, args.daemons, args.writes, args.runs = 5_000, 4, 200, 1
     os.chdir(REPO)  # the daemons run `python -m`, which puts the working directory first on sys.path
-    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
-    t0, rows, rc = time.perf_counter(), [], 0
+    stop_on_sigterm()
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="meshd-crdt-bench-") as tmp:
         parts = [("local", lambda: local_rows(args.ops, Path(tmp))), ("sync", sync_rows),
                  ("daemons", lambda: daemon_rows(args, Path(tmp)))]
-        try:
-            for name, run in parts:
-                if name in args.skip.split(","):
-                    continue
-                log(f"[{name}] ...")
-                try:
-                    rows += run()
-                except Exception as exc:
-                    log(f"[{name}] failed: {type(exc).__name__}: {exc}")
-                    rows.append([name, "FAILED", None, "", "", False, f"{type(exc).__name__}: {exc}"[:180]])
-                    rc = 1
-        except KeyboardInterrupt:
-            rows.append(["interrupted", "(the rows above are all there is)", None, "", "", None, ""])
-            rc = 130
+        rows, rc = run_parts(parts, args.skip,
+                             lambda name, message: [name, "FAILED", None, "", "", False, message],
+                             ["interrupted", "(the rows above are all there is)", None, "", "", None, ""])
     print_table(rows, f"CRDT: local operations, sync bytes, {args.daemons} daemons on 127.0.0.1 "
                       f"({os.cpu_count()} CPUs; run took {time.perf_counter() - t0:.0f} s)")
     return rc

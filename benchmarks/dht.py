@@ -49,6 +49,7 @@ import meshd  # noqa: E402
 from dht.ids import key_id  # noqa: E402
 from dht.node import DhtConfig  # noqa: E402
 from dht.simnet import SimNetwork, fill_tables, make_nodes  # noqa: E402
+from benchmarks.parts import log, run_parts, save_json, stop_on_sigterm  # noqa: E402
 from meshd.control import socket_path  # noqa: E402
 from meshd.localmesh import Daemon, DaemonError  # noqa: E402
 
@@ -61,10 +62,6 @@ VALUE_SIZE = 64  # bytes, as the anchor scripts store
 TARGET_RTT_N, TARGET_RTT = 10_000, 4.0  # lookup round trips (p50) at this network size
 TARGET_DAEMONS, TARGET_GET_MS, TARGET_PUT_MS = 16, 5.0, 10.0  # p50s with this many daemons
 TARGET_SUCCESS = 0.999  # gets with 30 % of the nodes dead
-
-
-def log(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 def pct(samples, p):
@@ -557,38 +554,20 @@ def main() -> int:
     if skip - {"sim", "real", "anchors"}:
         parser.error(f"--skip: unknown part(s) {', '.join(sorted(skip - {'sim', 'real', 'anchors'}))}")
 
-    # SIGTERM acts as Ctrl-C: KeyboardInterrupt, which trio delivers safely, and the finally
-    # blocks kill every daemon and anchor process started so far.  SIGINT gets Python's own
-    # handler back even where it was inherited ignored (a background job of a script).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    stop_on_sigterm()
     t0 = time.perf_counter()
-    rows: list[dict] = []
     results: dict = {"cpus": os.cpu_count(), "args": vars(args)}
     parts = [("sim", lambda: sim_rows(args.sizes, args.lookups, args.keys, results)),
              ("real", lambda: real_rows(args.daemons, args, results)),
              ("anchors", lambda: anchor_rows(args.daemons, args, results))]
-    rc = 0
-    try:
-        for name, run in parts:
-            if name in skip:
-                continue
-            try:
-                rows += run()
-            except Exception as exc:
-                log(f"[{name}] failed: {type(exc).__name__}: {exc}")
-                rows.append(row(name, "failed", None, note=f"{type(exc).__name__}: {exc}"[:200]))
-    except KeyboardInterrupt:
-        log("interrupted: every process this run started has been stopped")
-        rows.append(row("interrupted", "(the rows above are all there is)", None))
-        rc = 130
+    rows, rc = run_parts(parts, ",".join(skip),
+                         lambda name, message: row(name, "failed", None, note=message),
+                         row("interrupted", "(the rows above are all there is)", None))
     results["wall_s"] = time.perf_counter() - t0
     results["rows"] = rows
     print_table(rows, f"DHT: simulated ({LATENCY * 1e3:g} ms one way, virtual time), then real daemons and "
                       f"anchors on 127.0.0.1 ({os.cpu_count()} CPUs); run took {results['wall_s']:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+    save_json(args.json, results)
     return rc
 
 

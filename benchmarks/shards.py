@@ -42,6 +42,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:1] = [str(REPO)]  # the repo, not this folder (benchmarks/nat.py shadows nat)
 import meshd  # noqa: E402
+from benchmarks.parts import log, run_parts, save_json, stop_on_sigterm  # noqa: E402
 from meshd.control import socket_path  # noqa: E402
 from meshd.localmesh import Daemon  # noqa: E402
 from meshd.shards.format import encode_tensors, write_safetensors  # noqa: E402
@@ -50,10 +51,6 @@ MiB, MB = 1 << 20, 1e6
 ANCHORS = REPO.parent / "shared" / "anchors"
 TARGET_ONE, TARGET_THREE, TARGET_VERIFY = 250.0, 400.0, 0.10
 NODES = 4  # d0 publishes, d1 and d2 become providers, d3 fetches
-
-
-def log(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 def row(part, measure, mb_s=None, wall_s=None, target="", met=None, detail=""):
@@ -321,33 +318,21 @@ def main() -> int:
     if unknown := {s for s in args.skip.split(",") if s} - {"tcp", "meshd", "anchors"}:
         parser.error(f"--skip: unknown part(s) {', '.join(sorted(unknown))}")
     os.chdir(REPO)  # the daemons run `python -m`, which puts the working directory first on sys.path
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
-    t0, rows, rc = time.perf_counter(), [], 0
+    stop_on_sigterm()
+    t0 = time.perf_counter()
     results: dict = {"cpus": os.cpu_count(), "args": vars(args)}
     with tempfile.TemporaryDirectory(prefix="meshd-shards-bench-") as tmp:
         parts = [("tcp", lambda: tcp_rows(args.mib * MiB)),
                  ("meshd", lambda: meshd_rows(args.mib * MiB, Path(tmp), args.timeout, results)),
                  ("anchors", lambda: anchor_rows(args.anchor_mib, args.anchor_timeout, results))]
-        try:
-            for name, run in [(n, r) for n, r in parts if n not in args.skip.split(",")]:
-                log(f"[{name}] ...")
-                try:
-                    rows += run()
-                except Exception as exc:
-                    log(f"[{name}] failed: {type(exc).__name__}: {exc}")
-                    rows.append(row(name, "FAILED", met=False, detail=f"{type(exc).__name__}: {exc}"[:200]))
-                    rc = 1
-        except KeyboardInterrupt:
-            rows.append(row("interrupted", "(the rows above are all there is)"))
-            rc = 130
+        rows, rc = run_parts(parts, args.skip,
+                             lambda name, message: row(name, "FAILED", met=False, detail=message),
+                             row("interrupted", "(the rows above are all there is)"))
     rc = rc or int(any(r["measure"] == "FAILED" for r in rows))
     results["rows"], results["wall_s"] = rows, time.perf_counter() - t0
     print_table(rows, f"Model shards: {args.mib:,} MiB on 127.0.0.1, {NODES} daemons ({os.cpu_count()} CPUs; "
                       f"run took {results['wall_s']:.0f} s)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+    save_json(args.json, results)
     return rc
 
 

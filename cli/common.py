@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 DEFAULT_DATA_DIR = "~/.meshd"
 
@@ -30,3 +30,22 @@ def fail(prog: str, message: str, code: int = 1) -> NoReturn:
     """Print one line to stderr and exit with ``code``."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+AddCommand = Callable[[str, Callable, str], argparse.ArgumentParser]
+
+
+def command_adder(subparsers, common: argparse.ArgumentParser) -> AddCommand:
+    """``add(name, func, help)``: a subcommand that runs ``func`` and takes the common options."""
+    def add(name: str, func: Callable, help: str) -> argparse.ArgumentParser:
+        parser = subparsers.add_parser(name, help=help, parents=[common])
+        parser.set_defaults(func=func)
+        return parser
+    return add
+
+
+def command_group(subparsers, common: argparse.ArgumentParser, name: str, help: str,
+                  description: str | None = None) -> AddCommand:
+    """Command ``name`` with subcommands of its own; returns their :func:`command_adder`."""
+    group = subparsers.add_parser(name, help=help, parents=[common], description=description)
+    return command_adder(group.add_subparsers(dest=f"{name}_command", required=True), common)

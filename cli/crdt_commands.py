@@ -17,6 +17,8 @@ from rich.table import Table
 
 import meshd
 
+from .common import command_group
+
 console = Console()
 
 
@@ -148,13 +150,10 @@ async def cmd_watch(client: meshd.Client, args) -> object:
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
     """The ``crdt`` command and its subcommands."""
-    crdt = sub.add_parser("crdt", help="replicated documents (CRDTs)", parents=[common],
-                          description=__doc__)
-    crdt_sub = crdt.add_subparsers(dest="crdt_command", required=True)
+    add_command = command_group(sub, common, "crdt", "replicated documents (CRDTs)", __doc__)
 
     def add(name: str, func, help: str, *, path: bool = False) -> argparse.ArgumentParser:
-        p = crdt_sub.add_parser(name, help=help, parents=[common])
-        p.set_defaults(func=func)
+        p = add_command(name, func, help)
         if name != "ls":
             p.add_argument("doc")
         if path:

@@ -18,7 +18,7 @@ import meshd
 from dht.records import RecordError, owned_key
 
 from . import crdt_commands, shard_commands
-from .common import data_dir_argument, fail
+from .common import command_adder, command_group, data_dir_argument, fail
 
 console = Console()
 
@@ -240,11 +240,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = options(argparse.ArgumentParser(prog="meshctl", description="control a running meshd"),
                      suppress=False)
     sub = parser.add_subparsers(dest="command", required=True)
-
-    def add(name: str, func, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, parents=[common])
-        p.set_defaults(func=func)
-        return p
+    add = command_adder(sub, common)
 
     add("id", cmd_id, "this node's PeerId and address")
     add("status", cmd_status, "uptime, connections, services")
@@ -271,15 +267,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("arg", nargs="?", help="JSON argument (default null)")
     p.add_argument("--timeout", type=float, default=30.0)
 
-    dht = sub.add_parser("dht", help="the DHT: records, providers, routing table", parents=[common],
-                         description="KEY and VALUE are text, or hex written 0x...; a record KEY "
-                         "without a leading '/' means /open/KEY")
-    dht_sub = dht.add_subparsers(dest="dht_command", required=True)
-
-    def add_dht(name: str, func, help: str) -> argparse.ArgumentParser:
-        p = dht_sub.add_parser(name, help=help, parents=[common])
-        p.set_defaults(func=func)
-        return p
+    add_dht = command_group(sub, common, "dht", "the DHT: records, providers, routing table",
+                            "KEY and VALUE are text, or hex written 0x...; a record KEY "
+                            "without a leading '/' means /open/KEY")
 
     p = add_dht("put", cmd_dht_put, "store a signed record")
     p.add_argument("key")

@@ -14,6 +14,8 @@ from rich.table import Table
 
 import meshd
 
+from .common import command_group
+
 console = Console(stderr=True)
 out = Console()
 
@@ -69,14 +71,7 @@ async def cmd_gc(client: meshd.Client, args) -> object:
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
     """The ``shard`` command and its subcommands."""
-    shard = sub.add_parser("shard", help="models: publish, fetch, list, collect", parents=[common],
-                           description=__doc__)
-    shard_sub = shard.add_subparsers(dest="shard_command", required=True)
-
-    def add(name: str, func, help: str) -> argparse.ArgumentParser:
-        p = shard_sub.add_parser(name, help=help, parents=[common])
-        p.set_defaults(func=func)
-        return p
+    add = command_group(sub, common, "shard", "models: publish, fetch, list, collect", __doc__)
 
     p = add("publish", cmd_publish, "publish a .safetensors file")
     p.add_argument("file")

@@ -26,7 +26,6 @@ import time
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping
 
 import trio

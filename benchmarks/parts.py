@@ -1,0 +1,57 @@
+"""What the benchmark scripts share: logging to stderr and running their parts.
+
+Each script is a list of named parts, each returning table rows.  A part that
+fails adds a row saying so and makes the exit code 1; Ctrl-C (and SIGTERM,
+which the scripts turn into Ctrl-C so that their cleanup runs) stops the run
+with the rows gathered so far and exit code 130.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Callable
+
+
+def log(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM acts as Ctrl-C: KeyboardInterrupt, which trio delivers safely, so the
+    scripts' finally blocks kill every process they started.  SIGINT gets Python's
+    own handler back even where it was inherited ignored (a background job)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+
+
+def run_parts(parts: list[tuple[str, Callable[[], list]]], skip: str,
+              failed: Callable[[str, str], object], interrupted: object) -> tuple[list, int]:
+    """Run each ``(name, part)`` not named in the comma list ``skip``; returns the rows
+    and the exit code.  ``failed(name, message)`` is the row for a part that raised;
+    ``interrupted`` the row added after Ctrl-C."""
+    rows, rc, skipped = [], 0, skip.split(",")
+    try:
+        for name, part in parts:
+            if name in skipped:
+                continue
+            log(f"[{name}] ...")
+            try:
+                rows += part()
+            except Exception as exc:
+                log(f"[{name}] failed: {type(exc).__name__}: {exc}")
+                rows.append(failed(name, f"{type(exc).__name__}: {exc}"[:200]))
+                rc = 1
+    except KeyboardInterrupt:
+        log("interrupted: every process this run started has been stopped")
+        rows.append(interrupted)
+        rc = 130
+    return rows, rc
+
+
+def save_json(path: str | None, results: dict) -> None:
+    """Write ``results`` to ``path`` (if given) as JSON."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1, default=str)
