@@ -129,11 +129,21 @@ def decode_change(wire: object, *, verify: bool = True) -> Change:
         seen += check_op(op)
     _require(seen <= MAX_SEEN, f"a change names at most {MAX_SEEN} dots")
     if verify:
-        try:
-            Ed25519PublicKey.from_public_bytes(author).verify(sig, CONTEXT + body)
-        except (InvalidSignature, ValueError):
-            raise ChangeError("signature does not verify") from None
+        _verify(author, sig, body)
     return Change(blake3.blake3(body).digest(), doc, author, lamport, tuple(deps), time_ms, ops, wire)
+
+
+def verify_signature(change: Change) -> None:
+    """Raise ChangeError unless its author signed ``change`` (one decoded with ``verify=False``)."""
+    body, sig = msgpack.unpackb(change.wire, raw=False)
+    _verify(change.author, sig, body)
+
+
+def _verify(author: bytes, sig: bytes, body: bytes) -> None:
+    try:
+        Ed25519PublicKey.from_public_bytes(author).verify(sig, CONTEXT + body)
+    except (InvalidSignature, ValueError):
+        raise ChangeError("signature does not verify") from None
 
 
 def check_op(op: object) -> int:

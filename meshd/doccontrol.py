@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .node import Node
 
 _MAX_OPS = 10_000
+_ARITY = {"set": 2, "assign": 2, "inc": 2, "grow": 2, "add": 2, "remove": 2, "delete": 1, "grant": 2, "revoke": 2}
 
 
 def info(replica: Replica, me: PeerId) -> dict:
@@ -146,9 +147,7 @@ def _record(tx: Transaction, entries: list) -> None:
         if not isinstance(entry, list) or not entry or not isinstance(entry[0], str):
             raise ChangeError(f"an operation is [name, path, *args], not {entry!r:.60}")
         name, args = entry[0], entry[1:]
-        arity = {"set": 2, "assign": 2, "inc": 2, "grow": 2, "add": 2, "remove": 2, "delete": 1,
-                 "grant": 2, "revoke": 2}.get(name)
-        if arity is None or len(args) != arity:
+        if _ARITY.get(name) != len(args):
             raise ChangeError(f"unknown operation or wrong arguments: {entry!r:.60}")
         if name in ("grant", "revoke"):
             getattr(tx, name)(_peer(args[0]).key, args[1])

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import msgpack
 import trio
 
-from crdt.change import COUNT, DELETE, GRANT, GROW, REVOKE, Change, ChangeError, decode_change
-from crdt.document import OP_NAMES, Document, Rejected, Transaction
+from crdt.change import (COUNT, DELETE, GRANT, GROW, REVOKE, Change, ChangeError, decode_change,
+                         verify_signature)
+from crdt.document import OP_NAMES, Document, Rejected, Transaction, check_name, doc_id
 from crdt.reconcile import ReconcileError
 from crdt.session import sync_session
 from crdt.store import Store
@@ -160,16 +161,13 @@ class Replication:
         node's is joined: we start replicating it and wait (up to
         ``crdt.join_timeout`` s) for a first sync with its replicas.
         """
-        owner, name = parse_ref(ref, self._node.peer_id.key)
-        try:
-            doc = Document(owner, name, max_pending=self._config.max_pending)
-        except ValueError as exc:
-            raise DocError(str(exc)) from None
-        replica = self._replicas.get(doc.id)
+        owner, name = self._parse(ref)
+        replica = self._replicas.get(doc_id(owner, name))
         if replica is not None:
             return replica
         if owner == self._node.peer_id.key and not create:
             raise DocError(f"no document {name!r} here (create it first)")
+        doc = Document(owner, name, max_pending=self._config.max_pending)
         self.store.add_document(doc)
         replica = self._start(doc)
         if owner != self._node.peer_id.key:
@@ -179,11 +177,18 @@ class Replication:
 
     def get(self, ref: str) -> Replica:
         """The replica of ``ref`` if this node keeps it; DocError otherwise."""
+        replica = self._replicas.get(doc_id(*self._parse(ref)))
+        if replica is None:
+            raise DocError(f"this node does not keep {ref!r} (open it first)")
+        return replica
+
+    def _parse(self, ref: str) -> tuple[bytes, str]:
         owner, name = parse_ref(ref, self._node.peer_id.key)
-        for replica in self._replicas.values():
-            if replica.doc.owner == owner and replica.doc.name == name:
-                return replica
-        raise DocError(f"this node does not keep {ref!r} (open it first)")
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise DocError(str(exc)) from None
+        return owner, name
 
     def replicas(self) -> list[Replica]:
         return list(self._replicas.values())
@@ -274,7 +279,7 @@ class Replication:
                     if not self._limiter.allow(source, trio.current_time()):
                         raise ResourceExhausted(
                             f"over {self._config.peer_rate:g} new changes per second from one peer")
-                    change = decode_change(wire)
+                    verify_signature(change)
                 except ChangeError as exc:
                     raise InvalidArgument(f"bad change: {exc}") from None
                 try:
@@ -342,15 +347,19 @@ class Replication:
         replica.peers[peer] = None
         return result
 
-    async def _serve_sync(self, channel, ctx) -> None:
-        arg = channel.arg
+    def _readable(self, arg: object, peer: PeerId) -> Replica:
+        """The replica a peer's ``{doc: id, ...}`` names, if we keep it and the peer may read it."""
         if not isinstance(arg, dict) or not isinstance(arg.get("doc"), bytes):
-            raise InvalidArgument("expected {doc: id}")
+            raise InvalidArgument("expected {doc: id, ...}")
         replica = self._replicas.get(arg["doc"])
         if replica is None:
             raise NotFound("this node does not keep that document")
-        if not replica.doc.acl.may_read(ctx.peer.key):
+        if not replica.doc.acl.may_read(peer.key):
             raise PermissionDenied("you may not read this document")
+        return replica
+
+    async def _serve_sync(self, channel, ctx) -> None:
+        replica = self._readable(channel.arg, ctx.peer)
         await self._session(replica, ctx.peer, channel, initiator=False)
         replica.peers[ctx.peer] = None
 
@@ -366,13 +375,7 @@ class Replication:
         return dataclasses.asdict(result)
 
     async def _serve_push(self, arg, ctx) -> dict:
-        if not isinstance(arg, dict) or not isinstance(arg.get("doc"), bytes):
-            raise InvalidArgument("expected {doc: id, changes: [bytes]}")
-        replica = self._replicas.get(arg["doc"])
-        if replica is None:
-            raise NotFound("this node does not keep that document")
-        if not replica.doc.acl.may_read(ctx.peer.key):
-            raise PermissionDenied("you may not read this document")
+        replica = self._readable(arg, ctx.peer)
         return {"new": self._ingest(replica, arg.get("changes"), ctx.peer)}
 
     async def _push_loop(self, replica: Replica) -> None:

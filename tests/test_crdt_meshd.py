@@ -151,6 +151,9 @@ async def test_bad_changes_cost_the_sender_its_call_and_nothing_else(tmp_path):
                              list(doc.heads), int(time.time() * 1000), built, c.identity.sign)
         reply = await c.rpc.call(a.peer_id, "crdt.push", {"doc": doc.id, "changes": [forged.wire]})
         assert reply == {"new": 0}
+        bad_signature = forged.wire[:-1] + bytes([forged.wire[-1] ^ 1])
+        with pytest.raises(meshd.InvalidArgument, match="signature"):
+            await c.rpc.call(a.peer_id, "crdt.push", {"doc": doc.id, "changes": [bad_signature]})
         assert len(doc) == before and "x" not in doc.get()
         # The node still serves: a real write from b arrives.
         b.docs.write(b.docs.get(ref), lambda tx: tx.set(["y"], 1))
