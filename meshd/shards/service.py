@@ -66,7 +66,6 @@ class Progress:
     have_bytes: int = 0
     fetched_bytes: int = 0
     providers: dict[str, dict] = field(default_factory=dict)
-    done: bool = False
 
     def as_dict(self) -> dict:
         return {"model": self.model, "total_bytes": self.total_bytes, "have_bytes": self.have_bytes,
@@ -87,15 +86,16 @@ class Shards:
         node.rpc.register("shards.chunks", self._serve_chunks)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Serve the bulk lane (if enabled) and announce every kept model once
-        (the DHT re-announces them from then on); runs until cancelled."""
+        """Serve the bulk lane (if enabled) and announce every whole model kept here
+        once (the DHT re-announces them from then on); runs until cancelled."""
         async with trio.open_nursery() as nursery:
             if self._config.lane:
                 lane = LaneServer(self._node, self._read, host=self._node.listen_address.host)
                 await nursery.start(lane.serve)
             task_status.started()
             for manifest in self.manifests():
-                await self._announce(manifest)
+                if not self.store.missing([c.id for c in manifest.chunks]):  # not a fetch cut short
+                    await self._announce(manifest)
 
     async def _read(self, chunk_id: bytes) -> bytes | None:
         return await trio.to_thread.run_sync(self.store.get, chunk_id)
@@ -209,19 +209,22 @@ class Shards:
     async def pull(self, ref: str, *, on_progress: Callable[[Progress], None] | None = None) -> Manifest:
         """Make the model ``ref`` whole on this node (see :meth:`resolve`); returns its manifest."""
         model_id = await self.resolve(ref)
-        providers = await self._providers(model_id)
-        manifest = self.manifest(model_id) or await self._fetch_manifest(model_id, providers)
-        self._keep(manifest)  # pinned from the start: a resumed fetch keeps what it got
+        manifest, providers = self.manifest(model_id), None
+        if manifest is None:
+            providers = await self._providers(model_id)
+            manifest = await self._fetch_manifest(model_id, providers)
+            self._keep(manifest)  # pinned from the start: a resumed fetch keeps what it got
         sizes = {c.id: c.length for c in manifest.chunks}
         missing = await trio.to_thread.run_sync(self.store.missing, list(sizes))
         progress = self.fetches[model_id] = Progress(
             model_id.hex(), manifest.total_size, manifest.total_size - sum(sizes[c] for c in missing))
         if missing:
+            if providers is None:
+                providers = await self._providers(model_id)
             await _Download(self, manifest, deque(missing), providers, progress, on_progress).run()
-        progress.done = True
+            await self._announce(manifest)  # whole now: a provider too
         if on_progress:
             on_progress(progress)
-        await self._announce(manifest)
         return manifest
 
     async def fetch(self, ref: str) -> dict:
