@@ -322,11 +322,11 @@ class Replication:
                     log.debug("%s: provider lookup failed: %s", replica.ref, exc)
             peers = list(replica.peers)
             chosen = peers if not replica.synced.is_set() else random.sample(peers, min(2, len(peers)))
+            replica.wake = trio.Event()  # a wake-up during these syncs runs another round at once
             async with trio.open_nursery() as nursery:
                 for peer in chosen:
                     nursery.start_soon(self._sync_quietly, replica, peer)
             replica.synced.set()
-            replica.wake = trio.Event()
             with trio.move_on_after(config.sync_interval):
                 await replica.wake.wait()
 
@@ -340,8 +340,7 @@ class Replication:
 
     async def sync(self, replica: Replica, peer: PeerId) -> dict:
         """Reconcile with ``peer`` now: returns ``{"sent", "received", "rounds"}``."""
-        doc = replica.doc
-        arg = {"doc": doc.id, "owner": doc.owner, "name": doc.name}
+        arg = {"doc": replica.doc.id}
         async with self._node.rpc.bidi(peer, "crdt.sync", arg, timeout=_SYNC_TIMEOUT) as channel:
             result = await self._session(replica, peer, channel, initiator=True)
         replica.peers[peer] = None
