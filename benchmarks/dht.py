@@ -24,12 +24,8 @@ get p50 <= 5 ms and put p50 <= 10 ms; >= 99.9 % of gets succeed with 30 % of the
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,14 +45,13 @@ import meshd  # noqa: E402
 from dht.ids import key_id  # noqa: E402
 from dht.node import DhtConfig  # noqa: E402
 from dht.simnet import SimNetwork, fill_tables, make_nodes  # noqa: E402
-from benchmarks.parts import log, run_parts, save_json, stop_on_sigterm  # noqa: E402
+from benchmarks.parts import ANCHORS, log, run_anchor, run_parts, save_json, stop_on_sigterm  # noqa: E402
 from meshd.control import socket_path  # noqa: E402
 from meshd.localmesh import Daemon, DaemonError  # noqa: E402
 
 LATENCY = 0.005  # simulated one-way latency; a round trip is 10 ms of virtual time
 RTT = 2 * LATENCY
 DEAD_FRACTION = 0.3
-ANCHORS = REPO.parent / "shared" / "anchors"
 VALUE_SIZE = 64  # bytes, as the anchor scripts store
 
 TARGET_RTT_N, TARGET_RTT = 10_000, 4.0  # lookup round trips (p50) at this network size
@@ -414,43 +409,15 @@ _ANCHOR_SPECS = [  # name, args attribute with the venv's python, script, extra 
 ]
 
 
-def _run_anchor(name: str, python: str, script: Path, extra: list[str], counts: list[int],
-                keys: int, timeout_s: float) -> dict:
-    """Run one anchor script; its JSON results, or {"error": ...}.  The script runs in its own
-    process group, which is killed whatever happens."""
-    if not os.path.exists(python):
-        return {"error": f"not set up ({python} missing): run ../shared/anchors/setup once"}
-    if not script.exists():
-        return {"error": f"{script} not found (see --anchors-dir)"}
-    with tempfile.TemporaryDirectory(prefix="meshd-dht-anchor-") as tmp:
-        out = os.path.join(tmp, "res.json")
-        cmd = [python, str(script), *extra, "--dht-sizes", ",".join(map(str, counts)), "--keys", str(keys),
-               "--json", out, "--deadline", str(max(30, int(timeout_s) - 20))]
-        log(f"[anchors] {' '.join(cmd)}")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout_s:.0f} s"}
-        finally:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)  # the script and any worker it left behind
-            proc.wait()
-        if not os.path.exists(out):
-            return {"error": f"failed rc={proc.returncode}: {output.strip()[-300:]}"}
-        with open(out) as f:
-            return json.load(f)
-
-
 def anchor_rows(counts: list[int], args, results: dict) -> list[dict]:
     rows = []
     for name, attr, script, extra in _ANCHOR_SPECS:
         sysname = f"{name} (anchor)"
         t0 = time.perf_counter()
         try:
-            res = _run_anchor(name, getattr(args, attr), Path(args.anchors_dir) / script, extra, counts,
-                              args.ops, args.anchor_timeout)
+            res = run_anchor(getattr(args, attr), Path(args.anchors_dir) / script,
+                             [*extra, "--dht-sizes", ",".join(map(str, counts)), "--keys", str(args.ops)],
+                             args.anchor_timeout)
         except Exception as exc:
             res = {"error": f"{type(exc).__name__}: {exc}"}
         log(f"[anchors] {name} done in {time.perf_counter() - t0:.1f} s")

@@ -8,10 +8,17 @@ with the rows gathered so far and exit code 130.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Callable
+
+ANCHORS = Path(__file__).resolve().parent.parent.parent / "shared" / "anchors"
 
 
 def log(*args) -> None:
@@ -55,3 +62,30 @@ def save_json(path: str | None, results: dict) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(results, f, indent=1, default=str)
+
+
+def run_anchor(python: str, script: Path, extra: list[str], timeout: float) -> dict:
+    """Run one of ``../shared/anchors``' scripts with ``extra`` arguments: its JSON results,
+    or ``{"error": ...}``.  It runs in its own process group, killed whatever happens."""
+    if not os.path.exists(python):
+        return {"error": f"not set up ({python} missing): run ../shared/anchors/setup once"}
+    if not script.exists():
+        return {"error": f"{script} not found"}
+    with tempfile.TemporaryDirectory(prefix="meshd-anchor-") as tmp:
+        out = os.path.join(tmp, "res.json")
+        cmd = [python, str(script), *extra, "--json", out, "--deadline", str(max(30, int(timeout) - 20))]
+        log(f"[anchors] {' '.join(cmd)}")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:.0f} s"}
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the script and any worker it left behind
+            proc.wait()
+        if not os.path.exists(out):
+            return {"error": f"failed rc={proc.returncode}: {output.strip()[-300:]}"}
+        with open(out) as f:
+            return json.load(f)

@@ -20,11 +20,8 @@ Targets: >= 250 MB/s from 1 provider, >= 400 MB/s from 3, verification <= 10 % o
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -42,13 +39,12 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:1] = [str(REPO)]  # the repo, not this folder (benchmarks/nat.py shadows nat)
 import meshd  # noqa: E402
-from benchmarks.parts import log, run_parts, save_json, stop_on_sigterm  # noqa: E402
+from benchmarks.parts import ANCHORS, log, run_anchor, run_parts, save_json, stop_on_sigterm  # noqa: E402
 from meshd.control import socket_path  # noqa: E402
 from meshd.localmesh import Daemon  # noqa: E402
 from meshd.shards.format import encode_tensors, write_safetensors  # noqa: E402
 
 MiB, MB = 1 << 20, 1e6
-ANCHORS = REPO.parent / "shared" / "anchors"
 TARGET_ONE, TARGET_THREE, TARGET_VERIFY = 250.0, 400.0, 0.10
 NODES = 4  # d0 publishes, d1 and d2 become providers, d3 fetches
 
@@ -233,33 +229,10 @@ def meshd_rows(total: int, tmp: Path, timeout: float, res: dict) -> list[dict]:
     return rows
 
 
-def run_anchor(python: str, script: str, extra: list[str], timeout: float) -> dict:
-    if not os.path.exists(python):
-        return {"error": f"not set up ({python} missing): run ../shared/anchors/setup once"}
-    with tempfile.TemporaryDirectory(prefix="meshd-shards-anchor-") as tmp:
-        out = os.path.join(tmp, "res.json")
-        cmd = [python, str(ANCHORS / script), *extra, "--json", out, "--deadline", str(int(timeout) - 20)]
-        log(f"[anchors] {' '.join(cmd)}")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout:.0f} s"}
-        finally:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if not os.path.exists(out):
-            return {"error": f"failed rc={proc.returncode}: {output.strip()[-200:]}"}
-        with open(out) as f:
-            return json.load(f)
-
-
 def anchor_rows(mib: int, timeout: float, res: dict) -> list[dict]:
     size, rows, nan = mib * MiB, [], {"median_s": float("nan")}
     lat = res["lattica"] = run_anchor(  # the RPC part is cut to one call of each kind
-        "/tmp/lat-venv/bin/python", "lattica_bench.py", ["--skip", "dht", "--xfer-mib", str(mib), "--xfer-reps",
+        "/tmp/lat-venv/bin/python", ANCHORS / "lattica_bench.py", ["--skip", "dht", "--xfer-mib", str(mib), "--xfer-reps",
         "1", "--rpc-calls", "1", "--rpc-calls-conc", "1", "--concurrency", "1", "--warmup", "1"], timeout)
     get = lat.get("xfer", {}).get("bitswap_get", {})
     if get.get("reps"):
@@ -270,7 +243,7 @@ def anchor_rows(mib: int, timeout: float, res: dict) -> list[dict]:
                         f"{size / pull / MB:,.0f} MB/s"))
     else:
         rows.append(row("Lattica (anchor)", "get_block", detail=str(lat.get("error", "no get_block result"))[:200]))
-    hm = res["hivemind"] = run_anchor("/tmp/hm-venv/bin/python", "hivemind_bench.py", [
+    hm = res["hivemind"] = run_anchor("/tmp/hm-venv/bin/python", ANCHORS / "hivemind_bench.py", [
         "--skip", "dht,p2p", "--xfer-mib", str(mib), "--xfer-reps", "1", "--avg-rounds", "1"], timeout)
     avg = hm.get("averager") or {}
     if avg.get("successes"):
