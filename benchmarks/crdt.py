@@ -47,7 +47,7 @@ from crdt.change import decode_change  # noqa: E402
 from crdt.document import Document  # noqa: E402
 from crdt.reconcile import ItemSet, Reconciler  # noqa: E402
 from crdt.store import Store  # noqa: E402
-from meshd.localmesh import Daemon  # noqa: E402
+from meshd.testing.localmesh import Daemon  # noqa: E402
 
 TX = 1_000  # operations per transaction
 TARGET_SETS, TARGET_RATIO, TARGET_CONVERGE_MS = 50_000, 2.0, 1_000.0

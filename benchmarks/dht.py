@@ -47,7 +47,7 @@ from dht.node import DhtConfig  # noqa: E402
 from dht.simnet import SimNetwork, fill_tables, make_nodes  # noqa: E402
 from benchmarks.parts import ANCHORS, log, run_anchor, run_parts, save_json, stop_on_sigterm  # noqa: E402
 from meshd.control import socket_path  # noqa: E402
-from meshd.localmesh import Daemon, DaemonError  # noqa: E402
+from meshd.testing.localmesh import Daemon, DaemonError  # noqa: E402
 
 LATENCY = 0.005  # simulated one-way latency; a round trip is 10 ms of virtual time
 RTT = 2 * LATENCY

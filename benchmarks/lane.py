@@ -30,7 +30,7 @@ from rich.table import Table
 _HERE = Path(__file__).resolve().parent
 sys.path[:1] = [str(_HERE.parent)]  # the repo, not this folder (benchmarks/nat.py shadows nat)
 import meshd  # noqa: E402
-from meshd.shards.lane import LaneServer, open_lane  # noqa: E402
+from meshd.services.shards.lane import LaneServer, open_lane  # noqa: E402
 
 CHUNK = 4 << 20
 

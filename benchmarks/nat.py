@@ -31,7 +31,7 @@ sys.path[:1] = [str(_ROOT), str(_ROOT / "tests")]
 from natlab import NatLab, netns_unavailable_reason  # noqa: E402
 
 import meshd  # noqa: E402
-from meshd.localmesh import wait_until  # noqa: E402
+from meshd.testing.localmesh import wait_until  # noqa: E402
 
 KINDS = ("public", "home", "symmetric")
 DIRECT = ("direct", "punched")

@@ -41,8 +41,8 @@ sys.path[:1] = [str(REPO)]  # the repo, not this folder (benchmarks/nat.py shado
 import meshd  # noqa: E402
 from benchmarks.parts import ANCHORS, log, run_anchor, run_parts, save_json, stop_on_sigterm  # noqa: E402
 from meshd.control import socket_path  # noqa: E402
-from meshd.localmesh import Daemon  # noqa: E402
-from meshd.shards.format import encode_tensors, write_safetensors  # noqa: E402
+from meshd.testing.localmesh import Daemon  # noqa: E402
+from meshd.services.shards.format import encode_tensors, write_safetensors  # noqa: E402
 
 MiB, MB = 1 << 20, 1e6
 TARGET_ONE, TARGET_THREE, TARGET_VERIFY = 250.0, 400.0, 0.10

@@ -16,6 +16,7 @@ from rich.pretty import Pretty
 from rich.table import Table
 
 import meshd
+from meshd.client.crdt import split_path
 
 from .common import command_group
 
@@ -80,13 +81,13 @@ async def cmd_get(client: meshd.Client, args) -> object:
 async def cmd_set(client: meshd.Client, args) -> object:
     doc = await client.document(args.doc)
     op = "assign" if args.multi else "set"
-    return _written(args, await doc.write([[op, meshd.split_path(args.path), _value(args.value)]]))
+    return _written(args, await doc.write([[op, split_path(args.path), _value(args.value)]]))
 
 
 async def cmd_inc(client: meshd.Client, args) -> object:
     doc = await client.document(args.doc)
     op = "grow" if args.grow_only else "inc"
-    return _written(args, await doc.write([[op, meshd.split_path(args.path), args.amount]]))
+    return _written(args, await doc.write([[op, split_path(args.path), args.amount]]))
 
 
 async def cmd_add(client: meshd.Client, args) -> object:

@@ -9,7 +9,8 @@ import signal
 import trio
 
 import meshd
-from meshd.config import CONFIG_FILE, Config
+from meshd.config import CONFIG_FILE
+from meshd.daemon import Config
 from meshd.identity import KEY_FILE, create_identity, load_identity
 
 from .common import data_dir_argument, fail

@@ -95,7 +95,11 @@ class DhtNode:
         self.providers = ProviderStore(db)
         self.put_limiter = RateLimiter(config.peer_rate, config.peer_burst)
         self.provider_limiter = RateLimiter(config.peer_rate, config.peer_burst)
-        self.server = DhtServer(self)
+        self.server = DhtServer(
+            table=self.table, records=self.records, providers=self.providers,
+            put_limiter=self.put_limiter, provider_limiter=self.provider_limiter,
+            k=config.k, provider_ttl=config.provider_ttl, wall=wall, clock=self.clock,
+            heard_from=self.heard_from, is_server=lambda: self.server_mode)
         self.messages_sent = 0
         self._shared: dict[tuple, _Shared] = {}
         self._provided: dict[bytes, float] = {}  # key -> when to republish (trio time)

@@ -8,23 +8,46 @@ table; one that does not is a client and is only answered.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from . import messages as m
 from .ids import Contact, key_id
 from .network import (ADD_PROVIDER, FIND_NODE, GET_PROVIDERS, GET_VALUE, PING, PUT_VALUE,
                       RateLimited, Refused)
+from .ratelimit import RateLimiter
 from .records import Record, RecordError
-
-if TYPE_CHECKING:
-    from .node import DhtNode
+from .routing import RoutingTable
+from .storage import ProviderStore, RecordStore
 
 
 class DhtServer:
-    """The six DHT methods, answered from a :class:`~dht.node.DhtNode`'s state."""
+    """The six DHT methods, answered from a node's routing table and stores.
 
-    def __init__(self, node: "DhtNode"):
-        self.node = node
+    It is given exactly what it reads and keeps no state of its own:
+    ``table``, ``records`` and ``providers`` are the node's; each peer's
+    PUT_VALUE records are charged to ``put_limiter`` and its ADD_PROVIDER keys
+    to ``provider_limiter``.  A reply names the ``k`` closest contacts, and a
+    provider record is kept at most ``provider_ttl`` seconds.  ``wall()`` is
+    Unix time (record expiry), ``clock()`` trio time (rate limits);
+    ``heard_from(contact)`` is told of every sender in server mode, and
+    ``is_server()`` says whether this node answers as a server.
+    """
+
+    def __init__(self, *, table: RoutingTable, records: RecordStore, providers: ProviderStore,
+                 put_limiter: RateLimiter, provider_limiter: RateLimiter, k: int,
+                 provider_ttl: float, wall: Callable[[], float], clock: Callable[[], float],
+                 heard_from: Callable[[Contact], None], is_server: Callable[[], bool]):
+        self._table = table
+        self._records = records
+        self._providers = providers
+        self._put_limiter = put_limiter
+        self._provider_limiter = provider_limiter
+        self._k = k
+        self._provider_ttl = provider_ttl
+        self._wall = wall
+        self._clock = clock
+        self._heard_from = heard_from
+        self._is_server = is_server
         self._handlers: dict[str, Callable[[Contact, dict], Awaitable[dict]]] = {
             PING: self._ping,
             FIND_NODE: self._find_node,
@@ -47,13 +70,13 @@ class DhtServer:
         addrs = m.sender_addrs(msg)
         sender = Contact(sender_key, addrs or ())
         if addrs:
-            self.node.heard_from(sender)
+            self._heard_from(sender)
         reply = await handler(sender, msg)
-        reply["server"] = self.node.server_mode
+        reply["server"] = self._is_server()
         return reply
 
     def _closest(self, target: bytes) -> list[dict]:
-        return [c.to_wire() for c in self.node.table.closest(target, self.node.config.k)]
+        return [c.to_wire() for c in self._table.closest(target, self._k)]
 
     async def _ping(self, sender: Contact, msg: dict) -> dict:
         return {}
@@ -62,22 +85,22 @@ class DhtServer:
         return {"nodes": [self._closest(target) for target in m.ids(msg)]}
 
     async def _get_value(self, sender: Contact, msg: dict) -> dict:
-        now = self.node.wall()
+        now = self._wall()
         records, nodes = [], []
         for key in m.keys(msg):
-            record = self.node.records.get(key, now)
+            record = self._records.get(key, now)
             records.append(record.to_wire() if record else None)
             nodes.append(self._closest(key_id(key)))
         return {"records": records, "nodes": nodes}
 
     async def _put_value(self, sender: Contact, msg: dict) -> dict:
         items = m.field_list(msg, "records", m.MAX_BULK)
-        self._charge(self.node.put_limiter, sender, len(items), "PUT_VALUE")
-        now = self.node.wall()
+        self._charge(self._put_limiter, sender, len(items), "PUT_VALUE")
+        now = self._wall()
         results = []
         for item in items:
             try:
-                self.node.records.put(Record.from_wire(item), now)
+                self._records.put(Record.from_wire(item), now)
                 results.append(None)
             except RecordError as exc:
                 results.append(str(exc))
@@ -85,30 +108,30 @@ class DhtServer:
 
     async def _add_provider(self, sender: Contact, msg: dict) -> dict:
         keys = m.keys(msg)
-        self._charge(self.node.provider_limiter, sender, len(keys), "ADD_PROVIDER")
+        self._charge(self._provider_limiter, sender, len(keys), "ADD_PROVIDER")
         addrs = m.addrs(msg.get("a", []), "a")
         ttl = msg.get("ttl")
         if not isinstance(ttl, (int, float)) or ttl <= 0:
             raise Refused("'ttl' must be a positive number of seconds")
-        now = self.node.wall()
-        expires = now + min(float(ttl), self.node.config.provider_ttl)
+        now = self._wall()
+        expires = now + min(float(ttl), self._provider_ttl)
         provider = Contact(sender.public_key, addrs)
         try:
             for key in keys:
-                self.node.providers.add(key, provider, expires, now)
+                self._providers.add(key, provider, expires, now)
         except RecordError as exc:
             raise Refused(str(exc)) from None
         return {"added": len(keys)}
 
     async def _get_providers(self, sender: Contact, msg: dict) -> dict:
-        now = self.node.wall()
+        now = self._wall()
         found, nodes = [], []
         for key in m.keys(msg):
-            entries = self.node.providers.get(key, now)[: m.MAX_PROVIDERS]
+            entries = self._providers.get(key, now)[: m.MAX_PROVIDERS]
             found.append([{**c.to_wire(), "exp": exp} for c, exp in entries])
             nodes.append(self._closest(key_id(key)))
         return {"providers": found, "nodes": nodes}
 
-    def _charge(self, limiter, sender: Contact, cost: int, what: str) -> None:
-        if not limiter.allow(sender.public_key, self.node.clock(), cost):
+    def _charge(self, limiter: RateLimiter, sender: Contact, cost: int, what: str) -> None:
+        if not limiter.allow(sender.public_key, self._clock(), cost):
             raise RateLimited(f"too many {what} requests from this peer; slow down")

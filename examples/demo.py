@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from meshd.localmesh import Daemon
+from meshd.testing.localmesh import Daemon
 
 
 def show(title: str, proc: subprocess.CompletedProcess) -> None:

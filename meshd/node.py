@@ -1,10 +1,16 @@
-"""The node: identity, one QUIC endpoint, RPC, the peer store and bootstrap.
+"""The node core: identity, one QUIC endpoint, connections, RPC, the peer store,
+bootstrap and the control socket.  It knows no service.
 
-``open_node`` is the way in::
+:func:`meshd.open_node` (the composition root, :mod:`meshd.daemon`) builds a
+node and its services::
 
     async with meshd.open_node(data_dir="~/.meshd", listen="127.0.0.1:0") as node:
         node.rpc.register("echo", echo)
         reply = await node.rpc.call(peer_id, "echo", {"x": 1}, timeout=5)
+
+Services see the node through :class:`meshd.service.Host`: they register
+their RPC methods, lookups (the DHT), routes (relays), address sources (STUN,
+port mapping, AutoNAT) and identify fields, and the node calls them back.
 
 There is at most one connection per peer, reused by every call.  When both
 sides dial each other at once, the connection dialed by the smaller PeerId
@@ -15,52 +21,51 @@ restarted, or the old path died).
 from __future__ import annotations
 
 import logging
-import math
 import random
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 import trio
 
-from dht.network import DhtError
-
 from ._version import __version__
 from .address import AddressError, HostPort, PeerAddr, plain_address
-from .autonat import RECENT_CONTACT, AutoNat
-from .portmap import PortMapper
-from .punch import HolePuncher
-from .relay import Relay
-from .config import Config
+from .config import CoreConfig
 from .control import serve_control
-from .dhtrpc import create_dht, run_dht
-from .replication import Replication
-from .shards.service import Shards
-from .identity import PeerId, PeerIdError, load_or_create_identity
-from .peerrpc import PeerRpc
-from .peerstore import PeerRecord, PeerStore
-from .stun import NodeStun
+from .control.server import control_server
+from .identity import PeerId, load_or_create_identity
+from .peerstore import PeerStore
+from .rpc import InvalidArgument, RpcError, Unavailable
+from .rpc.args import field, peer_field
+from .rpc.peer import PeerRpc
+from .service import Lookup, Method, Route, Service
 from .transport import DialError, Endpoint, PeerConnection
 from .transport.connection import CLOSE_REPLACED
 from .transport.endpoint import VIRTUAL_HOST
-from .rpc import InvalidArgument, RpcError, Unavailable
 
 log = logging.getLogger("meshd.node")
 
 _RACE_WINDOW = 10.0  # seconds within which two connections to one peer count as a race
 _RETIRE_GRACE = 30.0  # seconds a replaced connection may finish its calls
 _MAX_RECENT = 4096
+RECENT_CONTACT = 180.0  # seconds a closed connection's address counts as recently connected
 AGENT = f"meshd/{__version__}"
 
 
-class Node:
-    """A running meshd node.  Create it with :func:`open_node`."""
+class ServiceOff(Unavailable):
+    """A call to a service this node does not run."""
 
-    def __init__(self, data_dir: Path, config: Config):
+
+class Node:
+    """A running meshd node: the core every service plugs into (see :class:`meshd.service.Host`).
+
+    Create it with :func:`meshd.open_node`.  ``services`` maps each service's
+    name to the service; ``off`` names the known services left out.
+    """
+
+    def __init__(self, data_dir: Path, config: CoreConfig):
         # Addresses from the config are parsed once, here, so a bad one fails
         # now with its reason rather than later in a background task.
         self.bootstrap = [PeerAddr.parse(text) for text in config.node.bootstrap]
-        self.configured_stun = [HostPort.parse(text) for text in config.nat.stun_servers]
         self.data_dir = data_dir
         self.config = config
         self.identity = load_or_create_identity(data_dir)
@@ -72,24 +77,62 @@ class Node:
             on_connection=self._on_connection,
             on_connection_lost=self._on_connection_lost,
         )
-        self.stun = NodeStun(self.endpoint)
-        self.rpc = PeerRpc(self, config.rpc)
+        self.rpc = PeerRpc(self.connection, config.rpc)
         self.started_at = trio.current_time()
+        self.services: dict[str, Service] = {}
+        self.off: tuple[str, ...] = ()
         self._conns: dict[PeerId, PeerConnection] = {}
         self._dialing: dict[PeerId, trio.Event] = {}
         self._connected_events: dict[PeerId, trio.Event] = {}
         self._recent_addresses: dict[tuple[str, int], float] = {}  # closed connections, when
         self._observed: dict[str, None] = {}  # our HOST:PORT as direct peers saw it, newest last
         self._nursery: trio.Nursery | None = None
+        self._lookups: list[Lookup] = []
+        self._routes: list[Route] = []
+        self._address_sources: list[Callable[[], Iterable[HostPort]]] = []
+        self._identify_fields: list[Callable[[], dict]] = []
+        self._protected: list[Callable[[], Iterable[PeerId]]] = []
         self.rpc.register("ping", _ping)
         self.rpc.register("identify", self._identify)
-        self.autonat = AutoNat(self)
-        self.relay = Relay(self, config.relay)
-        self.puncher = HolePuncher(self)
-        self.portmap = PortMapper(self.endpoint)
-        self.dht = create_dht(self)  # after autonat: "auto" mode reads its verdict
-        self.docs = Replication(self, config.crdt)
-        self.shards = Shards(self, config.shards)
+
+    # --- services --------------------------------------------------------------
+
+    def add_service(self, service: Service) -> None:
+        """Plug ``service`` in: its peer RPC methods now, its run() when the node starts."""
+        if service.name in self.services:
+            raise ValueError(f"a service named {service.name!r} is already added")
+        for name, handler in service.rpc_methods().items():
+            if isinstance(handler, Method):
+                self.rpc.register(name, handler.handler, kind=handler.kind)
+            else:
+                self.rpc.register(name, handler)
+        self.services[service.name] = service
+
+    def service(self, name: str) -> Any:
+        """The service called ``name``; ServiceOff if this node does not run it."""
+        try:
+            return self.services[name]
+        except KeyError:
+            raise ServiceOff(_off_message(name, self.off)) from None
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the background until the node stops."""
+        self._nursery.start_soon(fn, *args)
+
+    def add_lookup(self, lookup: Lookup) -> None:
+        self._lookups.append(lookup)
+
+    def add_route(self, route: Route) -> None:
+        self._routes.append(route)
+
+    def add_address_source(self, source: Callable[[], Iterable[HostPort]]) -> None:
+        self._address_sources.append(source)
+
+    def add_identify(self, fields: Callable[[], dict]) -> None:
+        self._identify_fields.append(fields)
+
+    def protect(self, peers: Callable[[], Iterable[PeerId]]) -> None:
+        self._protected.append(peers)
 
     # --- addresses -------------------------------------------------------------
 
@@ -107,21 +150,15 @@ class Node:
 
     def advertised_addresses(self) -> list[str]:
         """HOST:PORT texts where strangers may dial us directly, for the DHT:
-        the listen address unless it is a wildcard, the NAT-PMP mapping, the
-        public addresses STUN saw when our NAT's mapping does not depend on the
-        destination, and the address an AutoNAT dial-back reached.  Never a
-        relayed or virtual address.  On a wildcard listen address, the
-        addresses direct peers saw us at with our own port stand in for it
-        (no port translation on the way: a LAN or a public host)."""
+        the listen address unless it is a wildcard, then what the address
+        sources say (NAT-PMP mapping, STUN, AutoNAT).  Never a relayed or
+        virtual address.  On a wildcard listen address, the addresses direct
+        peers saw us at with our own port stand in for it (no port
+        translation on the way: a LAN or a public host)."""
         listen = self.listen_address
         found = [HostPort.parse(text) for text in self._observed] if listen.host in ("0.0.0.0", "::") else [listen]
-        if self.portmap.mapped is not None:
-            found.append(self.portmap.mapped)
-        report = self.stun.mapping
-        if report is not None and report.hole_punching_works:
-            found += [HostPort(*address) for address in report.public_addresses]
-        if self.autonat.status == "public" and self.autonat.address:
-            found.append(HostPort.parse(self.autonat.address))
+        for source in self._address_sources:
+            found += source()
         return list(dict.fromkeys(str(hp) for hp in found))
 
     def _note_observed(self, text: object) -> None:
@@ -177,11 +214,9 @@ class Node:
         dialed_by_smaller = old if old.dialed == (self.peer_id < old.peer_id) else new
         return dialed_by_smaller, (new if dialed_by_smaller is old else old)
 
-    def talked_to_recently(self, address: tuple[str, int]) -> bool:
-        """Whether we exchanged packets with ``address`` lately: a live or recent
-        connection, or a STUN request we answered (its NAT would let us in)."""
-        if self.stun.asked_recently(address):
-            return True
+    def recently_connected(self, address: tuple[str, int]) -> bool:
+        """Whether a connection with ``address`` is open, or closed less than
+        ``RECENT_CONTACT`` seconds ago (its NAT may still let us in)."""
         if any(plain_address(conn.remote_addr) == address for conn in self._conns.values()):
             return True
         when = self._recent_addresses.get(address)
@@ -226,12 +261,13 @@ class Node:
     async def connection(self, peer: PeerId, *, hints: Sequence[str] = (),
                          find: bool = True) -> PeerConnection:
         """The live connection to ``peer``, dialing if needed: its stored
-        addresses, then ``hints`` (HOST:PORT heard of elsewhere), then through
-        relays, then (if ``find``) the addresses the DHT knows for it.
+        addresses, then ``hints`` (HOST:PORT heard of elsewhere), then the
+        routes (relays), then (if ``find``) the addresses the lookups (the
+        DHT) find for it.
 
         Raises Unavailable when no address is known or none answers.
         """
-        conn = self._live(peer)
+        conn = self.live(peer)
         if conn is not None:
             return conn
         if peer == self.peer_id:
@@ -248,24 +284,28 @@ class Node:
         conn = await self._dial_any(peer, [*(record.addrs if record else []), *hints], errors)
         if conn is not None:
             return conn
-        for relay in self._relays(record):
-            try:
-                return await self.connect_via(relay, peer)
-            except RpcError as exc:
-                label = f"via {relay.short()}"
-                errors[label] = f"{label}: {exc.message}"
-        if find:
-            addrs = await self._dht_addresses(peer)  # the lookup itself may connect us to the peer
-            conn = self._live(peer) or await self._dial_any(peer, addrs, errors)
+        for route in self._routes:
+            conn = await route.reach(peer, record, errors)
             if conn is not None:
                 return conn
+        if find:
+            for lookup in self._lookups:
+                addrs = await lookup(peer)  # the lookup itself may connect us to the peer
+                conn = self.live(peer) or await self._dial_any(peer, addrs, errors)
+                if conn is not None:
+                    return conn
         if not errors:
             raise Unavailable(f"no known address for {peer}; connect to PEERID@HOST:PORT first")
         raise Unavailable(f"could not reach {peer}: " + "; ".join(errors.values()))
 
-    def _live(self, peer: PeerId) -> PeerConnection | None:
+    def live(self, peer: PeerId) -> PeerConnection | None:
+        """The open connection to ``peer``, or None (never dials)."""
         conn = self._conns.get(peer)
         return conn if conn is not None and conn.close_reason is None else None
+
+    def connected(self) -> list[PeerId]:
+        """The peers with an open connection."""
+        return list(self._conns)
 
     async def _dial_any(self, peer: PeerId, addrs: Sequence[str],
                         errors: dict[str, str]) -> PeerConnection | None:
@@ -279,27 +319,6 @@ class Node:
             except (DialError, AddressError) as exc:
                 errors[text] = str(exc)
         return None
-
-    async def _dht_addresses(self, peer: PeerId) -> tuple[str, ...]:
-        """The addresses the DHT has for ``peer`` (asks the network)."""
-        try:
-            contact = await self.dht.find_peer(peer.key)
-        except DhtError as exc:
-            log.debug("DHT lookup of %s failed: %s", peer, exc)
-            return ()
-        return contact.addrs if contact is not None else ()
-
-    def _relays(self, record: PeerRecord | None) -> list[PeerId]:
-        """Connected relays that may carry a connection to the peer: those it
-        advertised (identify), then our bootstrap peers."""
-        advertised = []
-        for text in record.relays if record else []:
-            try:
-                advertised.append(PeerId.from_string(text))
-            except PeerIdError:
-                continue
-        bootstrap = [addr.peer_id for addr in self.bootstrap]
-        return [peer for peer in dict.fromkeys(advertised + bootstrap) if peer in self._conns]
 
     async def _dial(self, addr: PeerAddr) -> PeerConnection:
         event = self._dialing.setdefault(addr.peer_id, trio.Event())
@@ -321,8 +340,7 @@ class Node:
             addr = PeerAddr.parse(addr)
         if addr.peer_id == self.peer_id:
             raise InvalidArgument("that address is this node's own")
-        conn = self._conns.get(addr.peer_id)
-        if conn is None or conn.close_reason is not None:
+        if self.live(addr.peer_id) is None:
             try:
                 await self._dial(addr)
             except DialError as exc:
@@ -330,16 +348,11 @@ class Node:
         self.peerstore.add_addresses(addr.peer_id, [str(addr.hostport)])
         return addr.peer_id
 
-    async def connect_via(self, relay: PeerId, peer: PeerId) -> PeerConnection:
-        """Reach ``peer`` through ``relay``, then try to punch a direct path in the background.
-
-        Returns the relayed connection; if punching works, a direct one (path
-        "punched") replaces it for later calls.
-        """
-        conn = await self.relay.dial_via(relay, peer)
-        if self.config.nat.hole_punching:
-            self._nursery.start_soon(self.puncher.punch, peer)
-        return conn
+    async def connect_via(self, hop: PeerId, peer: PeerId) -> PeerConnection:
+        """Reach ``peer`` through ``hop`` (a relay) with the first route that offers it."""
+        if not self._routes:
+            raise ServiceOff(_off_message("nat", self.off))
+        return await self._routes[0].via(hop, peer)
 
     def disconnect(self, peer: PeerId) -> bool:
         """Close the connection to ``peer``; False if there was none."""
@@ -384,49 +397,27 @@ class Node:
         return rtt
 
     async def identify(self, peer: PeerId, timeout: float = 10.0) -> dict:
+        """What ``peer`` says of itself: listen addresses, where it sees us, its methods."""
         return await self.rpc.call(peer, "identify", None, timeout=timeout)
 
     async def _identify(self, arg: object, ctx) -> dict:
         remote = ctx.info.get("remote")
-        return {
+        info = {
             "peer_id": str(self.peer_id),
             "listen": [str(self.listen_address)],
             "observed": _hostport(remote) if remote else None,
             "services": self.rpc.server.methods,
             "agent": AGENT,
             "protocol": "meshd/1",
-            "relays": [str(relay) for relay in self.relay.status()["reserved_at"]],
+            "relays": [],
         }
-
-    def nat_status(self) -> dict:
-        """What the node knows of its NAT situation so far."""
-        report = self.stun.mapping
-        return {
-            "listen": str(self.listen_address),
-            "reflexive": dict(self.stun.reflexive),
-            "mapping": report.mapping.value if report else None,
-            "port_preserved": report.port_preserved if report else None,
-            "public_addresses": [str(HostPort(*a)) for a in report.public_addresses] if report else [],
-            "stun_servers": list(self.config.nat.stun_servers),
-            "stun_answered": self.endpoint.stats["stun_answered"],
-            "port_mapping": self.portmap.status(),
-            "reachability": self.autonat.status,
-            "reachability_address": self.autonat.address,
-            "reachability_via": self.autonat.via,
-            "filtering": _FILTERING[self.autonat.status],
-            "hairpinning": self.stun.hairpinning,
-            "relay_reservations": self.relay.status()["reserved_at"],
-        }
-
-    def stun_servers(self) -> list[HostPort]:
-        """Configured STUN servers, then every connected peer (each meshd is one)."""
-        servers = list(self.configured_stun)
-        servers += [HostPort.parse(_hostport(conn.remote_addr)) for conn in self._conns.values()
-                    if _direct_address(conn) is not None]
-        return list(dict.fromkeys(servers))
+        for fields in self._identify_fields:
+            info.update(fields())
+        return info
 
     def status(self) -> dict:
-        return {
+        """What ``meshctl status`` shows: the core's figures, then one entry per service."""
+        status = {
             "peer_id": str(self.peer_id),
             "address": str(self.address),
             "listen": str(self.listen_address),
@@ -437,8 +428,12 @@ class Node:
             "services": self.rpc.server.methods,
             "data_dir": str(self.data_dir),
             "transport": dict(self.endpoint.stats),
-            "documents": len(self.docs.replicas()),
         }
+        for name, service in self.services.items():
+            status[name] = service.status()
+        for name in self.off:
+            status[name] = "off"
+        return status
 
     # --- bootstrap -------------------------------------------------------------
 
@@ -447,11 +442,10 @@ class Node:
         delay = 0.25
         cap = self.config.peers.bootstrap_max_backoff
         while True:
-            conn = self._conns.get(addr.peer_id)
-            if conn is not None and conn.close_reason is None:
+            conn = self.live(addr.peer_id)
+            if conn is not None:
                 delay = 0.25
-                with trio.move_on_after(await self._reserve_at(addr.peer_id)):
-                    await conn.terminated.wait()
+                await conn.terminated.wait()
                 continue
             try:
                 await self.connect(addr)
@@ -461,29 +455,14 @@ class Node:
             await trio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(cap, delay * 2)
 
-    async def _reserve_at(self, relay: PeerId) -> float:
-        """Reserve a relay slot at a bootstrap peer; seconds until it should be renewed."""
-        if not self.config.relay.reserve_at_bootstrap:
-            return math.inf
-        try:
-            limits = await self.relay.reserve(relay)
-        except RpcError as exc:
-            log.debug("no relay reservation at %s: %s", relay, exc)
-            return math.inf
-        return float(limits["ttl"]) * 0.8
-
-    async def _watch_nat(self, stun_servers: list[HostPort]) -> None:
-        """At start: classify the NAT, then keep the AutoNAT verdict current."""
-        await self.stun.discover(stun_servers)
-        await self.autonat.keep_checking()
-
     def close_idle(self, older_than: float) -> list[PeerId]:
         """Close connections that have had no stream for ``older_than`` seconds,
-        except to peers this node depends on: bootstrap peers and relays in
-        either direction.  Returns the peers closed."""
+        except to peers this node depends on: bootstrap peers and those a
+        service protects (relays in either direction).  Returns the peers closed."""
         now = trio.current_time()
         keep = {addr.peer_id for addr in self.bootstrap}
-        keep.update(self.relay.reserved_at, self.relay.reservations)
+        for protected in self._protected:
+            keep.update(protected())
         idle = [conn for peer, conn in self._conns.items() if peer not in keep
                 and conn.open_streams == 0 and now - conn.last_stream_at >= older_than]
         for conn in idle:
@@ -498,19 +477,19 @@ class Node:
             if closed:
                 log.debug("closed %d idle connections", len(closed))
 
-    async def _run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    # --- running -----------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen, serve the control socket, start the services in the order
+        they were added, and keep the bootstrap peers connected, until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             host_port = HostPort.parse(self.config.node.listen, allow_zero_port=True)
             await nursery.start(self.endpoint.serve, host_port.host, host_port.port)
-            await nursery.start(serve_control, self)
-            await nursery.start(run_dht, self)
-            await nursery.start(self.docs.run)
-            await nursery.start(self.shards.run)
-            if self.config.nat.port_mapping and host_port.host == "0.0.0.0":
-                nursery.start_soon(self.portmap.run)
-            if self.configured_stun:
-                nursery.start_soon(self._watch_nat, self.configured_stun)
+            server = control_server(self._control_methods(), self._explain_unknown)
+            await nursery.start(serve_control, self.data_dir, server)
+            for service in self.services.values():
+                await nursery.start(service.run)
             if self.config.transport.close_idle_after > 0:
                 nursery.start_soon(self._close_idle_loop, self.config.transport.close_idle_after)
             for addr in self.bootstrap:
@@ -521,10 +500,75 @@ class Node:
             log.info("meshd %s listening at %s", __version__, self.address)
             task_status.started()
 
-    def _close_connections(self) -> None:
+    def close_connections(self) -> None:
+        """Close every connection, telling each peer the node is shutting down."""
         for conn in list(self._conns.values()):
             conn.close(reason="node shutting down")
         self._conns.clear()
+
+    def close(self) -> None:
+        """Release the services' files (in reverse order) and the peer store; after :meth:`run`."""
+        for service in reversed(list(self.services.values())):
+            service.close()
+        self.peerstore.close()
+
+    # --- the control socket --------------------------------------------------------
+
+    def _control_methods(self) -> dict[str, Callable]:
+        """The core's control methods, then every service's."""
+        methods = {"id": self._control_id, "status": self._control_status, "peers": self._control_peers,
+                   "ping": self._control_ping, "connect": self._control_connect,
+                   "disconnect": self._control_disconnect, "call": self._control_call}
+        for service in self.services.values():
+            methods.update(service.control_methods())
+        return methods
+
+    def _explain_unknown(self, method: str) -> RpcError | None:
+        """The error for a control method of a service that is off."""
+        for name in self.off:
+            if method == name or method.startswith(name + "."):
+                return ServiceOff(_off_message(name, self.off))
+        return None
+
+    async def _control_id(self, arg, ctx) -> dict:
+        return {"peer_id": str(self.peer_id), "address": str(self.address)}
+
+    async def _control_status(self, arg, ctx) -> dict:
+        return self.status()
+
+    async def _control_peers(self, arg, ctx) -> list[dict]:
+        return self.peers()
+
+    async def _control_ping(self, arg, ctx) -> dict:
+        peer = peer_field(arg)
+        return {"peer_id": str(peer), "rtt_ms": round(await self.ping(peer) * 1000, 3)}
+
+    async def _control_connect(self, arg, ctx) -> dict:
+        if isinstance(arg, dict) and "via" in arg:
+            conn = await self.connect_via(peer_field(arg, "via"), peer_field(arg))
+            return {"peer_id": str(conn.peer_id), "path": conn.path}
+        try:
+            peer = await self.connect(field(arg, "addr", str))
+        except AddressError as exc:
+            raise InvalidArgument(str(exc)) from None
+        return {"peer_id": str(peer), "path": "direct"}
+
+    async def _control_disconnect(self, arg, ctx) -> dict:
+        return {"disconnected": self.disconnect(peer_field(arg))}
+
+    async def _control_call(self, arg, ctx) -> object:
+        peer = peer_field(arg)
+        method = field(arg, "method", str)
+        timeout = arg.get("timeout", self.config.rpc.default_timeout)
+        if not isinstance(timeout, (int, float)):
+            raise InvalidArgument("timeout must be a number of seconds")
+        return await self.rpc.call(peer, method, arg.get("arg"), timeout=timeout)
+
+
+def _off_message(name: str, off: Sequence[str]) -> str:
+    if name in off:
+        return f"the {name} service is off on this node (add it to [node] services)"
+    return f"this node runs no {name} service"
 
 
 async def _ping(arg: object, ctx) -> object:
@@ -534,14 +578,6 @@ async def _ping(arg: object, ctx) -> object:
 
 def _hostport(addr: tuple) -> str:
     return str(HostPort(*plain_address(addr)))
-
-
-# What AutoNAT's third-party dial-back says about the NAT's filtering (RFC 4787 terms).
-_FILTERING = {
-    "public": "endpoint-independent (strangers reach us)",
-    "private": "address-dependent or stricter",
-    "unknown": None,
-}
 
 
 def _direct_address(conn: PeerConnection) -> tuple | None:
@@ -572,47 +608,3 @@ def _listen_addresses(info: object, remote: tuple | None) -> list[str]:
             hp = HostPort(seen_host, hp.port)
         out.append(str(hp))
     return out
-
-
-@asynccontextmanager
-async def open_node(
-    data_dir: str | Path,
-    *,
-    listen: str | list[str] | None = None,
-    bootstrap: list[str] | None = None,
-    config: Config | None = None,
-) -> AsyncIterator[Node]:
-    """Start a node with its state in ``data_dir``; stop it cleanly on exit.
-
-    ``listen`` and ``bootstrap`` override the config file.  The identity key
-    is created on first use.  Leaving the block closes every connection
-    (peers are told), saves the DHT's routing table and flushes the peer
-    store and the DHT database.
-    """
-    data_dir = Path(data_dir).expanduser()
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    config = config or Config.load(data_dir)
-    if listen is not None:
-        if isinstance(listen, list):
-            if len(listen) != 1:
-                raise ValueError(
-                    "meshd listens on one UDP socket; use [::]:PORT for IPv4 and IPv6 together"
-                )
-            listen = listen[0]
-        config.node.listen = listen
-    if bootstrap is not None:
-        config.node.bootstrap = list(bootstrap)
-    node = Node(data_dir, config)
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(node._run)
-            try:
-                yield node
-            finally:
-                node._close_connections()
-                nursery.cancel_scope.cancel()
-    finally:
-        node.peerstore.close()
-        node.dht.db.close()
-        node.docs.store.close()
-        node.shards.store.close()

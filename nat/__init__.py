@@ -1,14 +1,26 @@
 """NAT traversal: STUN, NAT discovery, AutoNAT, relays, hole punching (issue 3).
 
 A library on its own: it never imports meshd, cli, crdt or dht.  meshd's UDP
-endpoint already hands STUN datagrams (first byte 0-3, RFC 7983) to
+endpoint hands STUN datagrams (first byte 0-3, RFC 7983) to
 ``Endpoint.stun_hook``, where this layer plugs in.
 
-Built so far: the STUN message codec (``nat.stun``, RFC 8489), the client
-transaction retransmission state machine (``nat.transaction``) and the
-Binding answer (``nat.stun_server``), all sans-IO, and a trio Binding client
-for a shared socket (``nat.stun_client``).  NAT behaviour discovery, AutoNAT,
-relays, hole punching and port mapping are still to come.
+Sans-IO modules (time is a ``now`` argument, randomness an injected
+``random.Random``; meshd's trio shells do the I/O):
+
+* ``nat.stun``: the STUN message codec (RFC 8489); ``nat.transaction``: the
+  client retransmission state machine; ``nat.stun_server``: the Binding answer;
+* ``nat.behaviour``: the NAT's mapping behaviour from STUN observations;
+* ``nat.natpmp``: NAT-PMP port-mapping messages (RFC 6886);
+* ``nat.autonat``: AutoNAT dial-back rules and the reachability verdict;
+* ``nat.relay``: relay reservations, circuit limits, a relay's reply checked;
+* ``nat.punch``: hole-punching method, addresses and burst schedule;
+* ``nat.portprobe``: port-prediction probing roles, admission and schedule;
+* ``nat.errors``: ``Refused`` and ``Malformed``, each with a ``kind`` that
+  the shell maps to an RPC error.
+
+Plus a trio Binding client for a shared socket (``nat.stun_client``).  The
+classes of the four traversal cores are exported here; their functions and
+constants (several named alike, such as ``DIAL_TIMEOUT``) stay in their module.
 """
 
 from .stun import (
@@ -56,6 +68,10 @@ from .stun import (
     xor_address_value,
 )
 from .transaction import RC, RM, RTO, ClientTransaction, TransactionTimeout
+from .autonat import PerPeerInterval, Verdict
+from .errors import Malformed, NatError, Refused
+from .portprobe import ProbeAdmission
+from .relay import ByteBudget, Circuit, HeldReservations, RelayLimits, Reservations
 
 __all__ = [
     "ALTERNATE_SERVER",
@@ -105,4 +121,15 @@ __all__ = [
     "short_term_key",
     "unknown_attributes_value",
     "xor_address_value",
+    "ByteBudget",
+    "Circuit",
+    "HeldReservations",
+    "Malformed",
+    "NatError",
+    "PerPeerInterval",
+    "ProbeAdmission",
+    "Refused",
+    "RelayLimits",
+    "Reservations",
+    "Verdict",
 ]

@@ -69,11 +69,15 @@ class RpcServer:
         max_calls_per_peer: int = 256,
         first_frame_timeout: float = 10.0,
         max_call_timeout: float = 3600.0,
+        explain_unknown: Callable[[str], RpcError | None] | None = None,
     ):
+        """``explain_unknown(name)`` may give the error for a method not
+        registered (say, of a service that is off); UNKNOWN_METHOD otherwise."""
         self.max_frame = max_frame
         self.max_calls_per_peer = max_calls_per_peer
         self.first_frame_timeout = first_frame_timeout
         self.max_call_timeout = max_call_timeout
+        self._explain_unknown = explain_unknown
         self._methods: dict[str, _Method] = {}
         self._active: dict[Hashable, int] = {}  # calls running, per peer
 
@@ -136,7 +140,8 @@ class RpcServer:
             request = P.parse_request(frame)
             method = self._methods.get(request.method)
             if method is None:
-                raise UnknownMethod(f"no method {request.method!r}")
+                explained = self._explain_unknown and self._explain_unknown(request.method)
+                raise explained or UnknownMethod(f"no method {request.method!r}")
             if method.kind != request.kind:
                 raise InvalidArgument(
                     f"{request.method!r} is {P.KIND_NAMES[method.kind]}, "

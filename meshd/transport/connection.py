@@ -12,20 +12,17 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import trio
 from aioquic.quic import events as ev
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode
 
-from ..identity import PeerId
+from ..identity import Identity, PeerId
 from ..streams import StreamAborted
 from .stream import SEND_HIGH_WATER, QuicCallStream
 from .tls import PeerAuthError, peer_id_from_certificate
-
-if TYPE_CHECKING:
-    from .endpoint import Endpoint
 
 log = logging.getLogger("meshd.transport")
 _INTERNAL_ERROR = "internal error in the QUIC state machine"
@@ -82,6 +79,30 @@ class MeshQuicConnection(QuicConnection):
             receiver.highest_offset = highest
 
 
+class ConnectionOwner(Protocol):
+    """What a connection needs of the endpoint that owns it (``Endpoint``).
+
+    ``identity`` is this node's own: a peer that proves the same key is refused.
+    """
+
+    identity: Identity
+
+    def send_datagram(self, data: bytes, addr: tuple) -> None:
+        """Send one datagram to ``addr`` now."""
+
+    def route_cid(self, cid: bytes, conn: PeerConnection) -> None:
+        """Deliver datagrams addressed to connection ID ``cid`` to ``conn``."""
+
+    def unroute_cid(self, cid: bytes) -> None:
+        """Stop delivering datagrams addressed to ``cid``."""
+
+    def connection_established(self, conn: PeerConnection) -> None:
+        """``conn`` has authenticated its peer."""
+
+    def connection_terminated(self, conn: PeerConnection) -> None:
+        """``conn`` is over; its streams have failed."""
+
+
 class PeerConnection:
     """A QUIC connection that, once ``established`` is set, knows its ``peer_id``.
 
@@ -90,7 +111,7 @@ class PeerConnection:
 
     def __init__(
         self,
-        endpoint: "Endpoint",
+        endpoint: ConnectionOwner,
         quic: MeshQuicConnection,
         remote_addr: tuple,
         *,

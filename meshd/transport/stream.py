@@ -9,27 +9,53 @@ stops the writer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from ..streams import StreamAborted
 
-if TYPE_CHECKING:
-    from .connection import PeerConnection
-
 SEND_HIGH_WATER = 4 << 20  # with ACKs every 16 datagrams, 1 MiB left the sender idle
 
 
+class StreamOwner(Protocol):
+    """What a stream needs of the connection that carries it (``PeerConnection``).
+
+    The owner feeds the stream from the other side by calling its
+    ``data_received``, ``peer_aborted``, ``peer_stopped_sending`` and
+    ``writable_again``.
+    """
+
+    def send_buffered(self, stream_id: int) -> int:
+        """Bytes written on the stream and not yet acknowledged by the peer."""
+
+    def send_data(self, stream_id: int, data: bytes, end: bool) -> None:
+        """Queue ``data`` (and the end of the stream if ``end``) for sending."""
+
+    def wait_for_acks(self, stream: QuicCallStream) -> None:
+        """Call ``stream.writable_again()`` once its unacknowledged bytes fall
+        below ``SEND_HIGH_WATER``."""
+
+    def consumed(self, stream: QuicCallStream, nbytes: int) -> None:
+        """The application took ``nbytes``: give the peer that much more credit."""
+
+    def done_reading(self, stream: QuicCallStream, *, stop_peer: bool) -> None:
+        """The application closed ``stream``; ask the peer to stop sending if
+        ``stop_peer``, and forget the stream once both directions are over."""
+
+    def reset_stream(self, stream: QuicCallStream) -> None:
+        """Abort both directions of ``stream`` and forget it."""
+
+
 class QuicCallStream:
-    """A QUIC stream driven by its PeerConnection."""
+    """A QUIC stream driven by the connection that carries it."""
 
     __slots__ = (
         "_conn", "stream_id", "_recv", "_eof", "_aborted", "_send_stopped",
         "_sent_eof", "_closed", "_waiters", "_watch",
     )
 
-    def __init__(self, conn: "PeerConnection", stream_id: int):
+    def __init__(self, conn: StreamOwner, stream_id: int):
         self._conn = conn
         self.stream_id = stream_id
         self._recv: list[bytes] = []
@@ -99,7 +125,7 @@ class QuicCallStream:
         if scope is not None and (self._aborted is not None or self._send_stopped):
             scope.cancel()
 
-    # --- driven by PeerConnection ------------------------------------------
+    # --- driven by the owning connection ------------------------------------
 
     def _check_sendable(self) -> None:
         if self._aborted is not None:

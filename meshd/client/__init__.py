@@ -1,0 +1,45 @@
+"""The client library: talk to a running daemon through its control socket.
+
+::
+
+    async with meshd.connect("~/.meshd") as client:
+        print(await client.status())
+
+:class:`Client` gathers one set of methods per capability, each in the module
+of the same name as the service it calls (``nat``, ``dht``, ``crdt``,
+``shards``) plus the node core's (``node``).  It imports no service and not
+the node: only the control socket's location and the RPC frames.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+from ..control.socket import socket_path
+from .base import ControlClient, DaemonNotRunning
+from .crdt import CrdtMethods, RemoteDocument, split_path
+from .dht import DhtMethods
+from .nat import NatMethods
+from .node import NodeMethods
+from .shards import ShardsMethods
+
+
+class Client(NodeMethods, NatMethods, DhtMethods, CrdtMethods, ShardsMethods):
+    """Talks to a running daemon.  Get one with :func:`connect`; every method
+    is one control call (see each capability's module for what they promise)."""
+
+
+@asynccontextmanager
+async def connect(data_dir: str | Path = "~/.meshd") -> AsyncIterator[Client]:
+    """A client for the daemon running with ``data_dir``.
+
+    Raises DaemonNotRunning at once if no daemon answers there.
+    """
+    client = Client(socket_path(data_dir))
+    await client.id()
+    yield client
+
+
+__all__ = ["Client", "ControlClient", "DaemonNotRunning", "RemoteDocument", "connect", "split_path"]

@@ -1,0 +1,93 @@
+"""``node.rpc``: register handlers and call methods on peers by PeerId."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterable, Awaitable, Callable, Iterable, Protocol
+
+from ..identity import PeerId
+from ..streams import CallStream, StreamAborted
+from .args import to_peer
+from .client import ResponseStream, bidi_call, client_stream_call, unary_call
+from .server import RpcServer
+
+_DEFAULT = object()
+_MAX_OPENERS = 4096
+
+
+@dataclass
+class RpcConfig:
+    max_frame: int = 16 << 20
+    max_calls_per_peer: int = 256
+    default_timeout: float = 30.0
+
+
+class _Connection(Protocol):
+    def open_stream(self) -> CallStream: ...
+
+
+class PeerRpc:
+    """Calls to peers over their one shared connection, and the local handler registry.
+
+    ``connection(peer)`` returns the live connection to a peer, dialing if
+    needed (the node's); PeerRpc opens one stream per call on it.
+    """
+
+    def __init__(self, connection: Callable[[PeerId], Awaitable[_Connection]], config: RpcConfig):
+        self._connection = connection
+        self._config = config
+        self._openers: dict[PeerId, Callable] = {}
+        self.server = RpcServer(
+            max_frame=config.max_frame, max_calls_per_peer=config.max_calls_per_peer
+        )
+
+    def register(self, name: str, handler: Callable, *, kind: str | None = None) -> None:
+        """Serve ``name``; see :class:`meshd.rpc.RpcServer.register` for handler shapes."""
+        self.server.register(name, handler, kind=kind)
+
+    def unregister(self, name: str) -> None:
+        self.server.unregister(name)
+
+    def _opener(self, peer: PeerId | str):
+        """An async callable that opens a stream to ``peer`` (one per peer, reused)."""
+        peer = to_peer(peer)
+        opener = self._openers.get(peer)
+        if opener is None:
+            connection = self._connection
+
+            async def opener():
+                try:
+                    return (await connection(peer)).open_stream()
+                except StreamAborted:  # closed between lookup and use: dial again once
+                    return (await connection(peer)).open_stream()
+
+            if len(self._openers) >= _MAX_OPENERS:
+                self._openers.clear()
+            self._openers[peer] = opener
+        return opener
+
+    def _timeout(self, timeout: object) -> float | None:
+        return self._config.default_timeout if timeout is _DEFAULT else timeout
+
+    async def call(self, peer: PeerId | str, method: str, arg: object = None, *,
+                   timeout: float | None = _DEFAULT) -> object:  # type: ignore[assignment]
+        """Unary call; returns the reply or raises the peer's typed RpcError."""
+        return await unary_call(self._opener(peer), method, arg, self._timeout(timeout),
+                                self._config.max_frame)
+
+    def stream(self, peer: PeerId | str, method: str, arg: object = None, *,
+               timeout: float | None = None) -> ResponseStream:
+        """Server-streaming call: ``async for item in node.rpc.stream(...)``."""
+        return ResponseStream(self._opener(peer), method, arg, timeout, self._config.max_frame)
+
+    def bidi(self, peer: PeerId | str, method: str, arg: object = None, *,
+             timeout: float | None = None):
+        """Bidirectional call: ``async with node.rpc.bidi(...) as channel``."""
+        return bidi_call(self._opener(peer), method, arg, timeout, self._config.max_frame)
+
+    async def client_stream(self, peer: PeerId | str, method: str,
+                            items: AsyncIterable | Iterable, *,
+                            timeout: float | None = _DEFAULT) -> object:  # type: ignore[assignment]
+        """Client-streaming call: send ``items``, get one reply."""
+        return await client_stream_call(self._opener(peer), method, items,
+                                        self._timeout(timeout), self._config.max_frame)

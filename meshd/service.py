@@ -1,0 +1,138 @@
+"""What a service is, and all a service sees of the node.
+
+A *service* is one capability of a node (NAT traversal, the DHT, documents,
+shards, ...): one subpackage of :mod:`meshd.services` with one shape,
+:class:`Service`.  It brings its peer RPC methods, its control methods, its
+background work and its status; its config section is handed to it by the
+composition root (:mod:`meshd.daemon`), which builds the services in order
+and passes each the others it needs.
+
+The node core implements :class:`Host`, the narrow surface a service may use.
+A service never touches the node class or its private members, so a fake
+``Host`` can stand in for the node in a service's unit test, and the core
+imports no service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
+
+import trio
+
+from .address import HostPort, PeerAddr
+from .identity import Identity, PeerId
+from .peerstore import PeerRecord
+from .rpc.peer import PeerRpc
+from .transport import Endpoint, PeerConnection
+
+Handler = Callable[..., Any]
+"""An RPC handler: ``async def (arg, ctx)``, an async generator, or a bidi
+handler ``async def (channel, ctx)`` (see :class:`meshd.rpc.RpcServer`)."""
+
+
+class Method:
+    """A peer RPC handler with its kind spelled out (``"bidi"``, ``"client_stream"``);
+    a plain handler in :meth:`Service.rpc_methods` has its kind inferred."""
+
+    def __init__(self, handler: Handler, kind: str):
+        self.handler = handler
+        self.kind = kind
+
+
+class Service(Protocol):
+    """One capability of a node.
+
+    ``name`` is the capability's one name: its subpackage, its config
+    section, the prefix of its RPC and control methods, its ``meshctl``
+    group, its key in ``meshctl status``.
+    """
+
+    name: str
+
+    def rpc_methods(self) -> dict[str, Handler | Method]:
+        """The methods peers may call, by full name; registered before :meth:`run`."""
+
+    def control_methods(self) -> dict[str, Handler]:
+        """The methods of the local control socket (``meshctl``, the client library)."""
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Do the service's background work until cancelled; call
+        ``task_status.started()`` once the service can be used."""
+
+    def status(self) -> dict:
+        """A short summary for ``meshctl status``."""
+
+    def close(self) -> None:
+        """Release files and databases; called once :meth:`run` has ended."""
+
+
+Lookup = Callable[[PeerId], Awaitable[Sequence[str]]]
+"""Where a peer may be dialed: HOST:PORT texts found by asking the network."""
+
+
+class Route(Protocol):
+    """A way to reach a peer that has no direct address, such as a relay."""
+
+    async def reach(self, peer: PeerId, record: PeerRecord | None,
+                    errors: dict[str, str]) -> PeerConnection | None:
+        """A connection to ``peer`` if this route finds one; failures are added
+        to ``errors`` (what was tried -> why it failed)."""
+
+    async def via(self, hop: PeerId, peer: PeerId) -> PeerConnection:
+        """A connection to ``peer`` through ``hop``; raises an RpcError if it fails."""
+
+
+class Host(Protocol):
+    """The node core as a service sees it."""
+
+    peer_id: PeerId
+    identity: Identity
+    data_dir: Path
+    rpc: PeerRpc
+    endpoint: Endpoint
+    bootstrap: list[PeerAddr]
+
+    @property
+    def listen_address(self) -> HostPort:
+        """The address of the node's UDP socket (a wildcard host stays a wildcard)."""
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the background for as long as the node runs."""
+
+    def live(self, peer: PeerId) -> PeerConnection | None:
+        """The open connection to ``peer``, or None (never dials)."""
+
+    def connected(self) -> list[PeerId]:
+        """The peers with an open connection."""
+
+    async def connection(self, peer: PeerId, *, hints: Sequence[str] = (),
+                         find: bool = True) -> PeerConnection:
+        """The connection to ``peer``, dialing if needed (see :meth:`meshd.Node.connection`)."""
+
+    async def wait_connected(self, peer: PeerId) -> None:
+        """Return once a connection to ``peer`` is up."""
+
+    async def wait_connection_change(self, peer: PeerId) -> None:
+        """Return when the next connection to ``peer`` is registered."""
+
+    def recently_connected(self, address: tuple[str, int]) -> bool:
+        """Whether a connection with ``address`` is open or closed lately."""
+
+    def advertised_addresses(self) -> list[str]:
+        """HOST:PORT texts where strangers may dial this node directly."""
+
+    def add_lookup(self, lookup: Lookup) -> None:
+        """Ask ``lookup`` for a peer's addresses when none known answers."""
+
+    def add_route(self, route: Route) -> None:
+        """Try ``route`` when no address of a peer answers."""
+
+    def add_address_source(self, source: Callable[[], Iterable[HostPort]]) -> None:
+        """Add what ``source`` returns to :meth:`advertised_addresses`."""
+
+    def add_identify(self, fields: Callable[[], dict]) -> None:
+        """Merge what ``fields`` returns into this node's ``identify`` answer."""
+
+    def protect(self, peers: Callable[[], Iterable[PeerId]]) -> None:
+        """Never close the connections to ``peers()`` for being idle."""

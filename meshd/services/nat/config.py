@@ -1,0 +1,23 @@
+"""The NAT traversal service's config sections, ``[nat]`` and ``[relay]``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class NatSection:
+    stun_servers: list[str] = field(default_factory=list)  # HOST:PORT, asked at start
+    hole_punching: bool = True  # after a relayed connection, try for a direct one
+    port_mapping: bool = True  # NAT-PMP on the default gateway, when listening on 0.0.0.0
+
+
+@dataclass
+class RelaySection:
+    enabled: bool = False  # carry circuits for NATed peers that reserve here
+    max_reservations: int = 128
+    reservation_ttl: float = 3600.0
+    max_circuits: int = 16  # per reservation, at once
+    circuit_bytes: int = 128 << 20  # both directions, per circuit
+    circuit_seconds: float = 600.0
+    reserve_at_bootstrap: bool = True  # ask bootstrap peers to relay for us (renewed before expiry)

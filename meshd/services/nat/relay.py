@@ -1,0 +1,232 @@
+"""Relays: a reachable node carries QUIC between two peers that cannot meet directly.
+
+Roles, as in libp2p's circuit relay v2:
+
+* the **target** N (behind a NAT) holds a reservation at relay R
+  (``relay.reserve``) and keeps its connection to R open;
+* a **dialer** X opens a bidi call ``relay.connect`` to R naming N; R opens
+  ``relay.incoming`` to N and copies items both ways, within the limits of
+  N's reservation;
+* X and N then run an ordinary QUIC connection *inside* that pipe: each item
+  is one QUIC datagram, handed to the endpoint through a virtual path.  The
+  handshake authenticates N to X and X to N end to end, and R sees only
+  ciphertext, so every kind of RPC works over it unchanged; the connection's
+  ``path`` is "relayed".
+
+Limits are per reservation (lifetime, circuits at once, bytes and duration
+per circuit) and per relay (reservations held); all are in ``[relay]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+import trio
+
+from ...identity import PeerId
+from ...rpc import Channel, NotFound, PermissionDenied, ResourceExhausted, Unavailable
+from ...rpc.args import peer_field
+from ...service import Host, Method
+from ...streams import StreamAborted
+from ...transport import DialError, PeerConnection, set_when_terminated
+from .config import RelaySection
+
+log = logging.getLogger("meshd.relay")
+
+_OPEN = {"circuit": "open"}
+_QUEUE = 256  # datagrams waiting to enter a tunnel; beyond that they are dropped, as UDP would
+
+
+@dataclass
+class Reservation:
+    expires: float  # trio clock
+    circuits: int = 0
+
+
+class Relay:
+    """All three relay roles of one node."""
+
+    def __init__(self, host: Host, config: RelaySection):
+        self._node = host
+        self.config = config
+        self.reservations: dict[PeerId, Reservation] = {}  # held here, as a relay
+        self.reserved_at: dict[PeerId, float] = {}  # relays holding ours -> expiry (trio clock)
+
+    def rpc_methods(self) -> dict:
+        return {"relay.reserve": self._serve_reserve,
+                "relay.connect": Method(self._serve_connect, "bidi"),
+                "relay.incoming": Method(self._serve_incoming, "bidi")}
+
+    # --- target: reserve a slot ------------------------------------------------
+
+    async def reserve(self, relay: PeerId) -> dict:
+        """Ask ``relay`` to carry connections to us; returns its limits.
+
+        Raises the relay's RpcError: PERMISSION_DENIED when relaying is off
+        there, RESOURCE_EXHAUSTED when it is full.
+        """
+        limits = await self._node.rpc.call(relay, "relay.reserve", None, timeout=10)
+        self.reserved_at[relay] = trio.current_time() + float(limits["ttl"])
+        log.info("relay %s holds a reservation for us (%s s)", relay, limits["ttl"])
+        return limits
+
+    def status(self) -> dict:
+        """Reservations held here (as a relay) and ours at other relays, with seconds left."""
+        now = trio.current_time()
+        self._expire(now)
+        return {
+            "enabled": self.config.enabled,
+            "serving": {str(p): {"circuits": r.circuits, "expires_in": round(r.expires - now)}
+                        for p, r in self.reservations.items()},
+            "reserved_at": {str(p): round(t - now) for p, t in self.reserved_at.items() if t > now},
+        }
+
+    # --- relay -----------------------------------------------------------------
+
+    async def _serve_reserve(self, arg: object, ctx) -> dict:
+        cfg = self.config
+        if not cfg.enabled:
+            raise PermissionDenied("this node does not relay (set [relay] enabled = true)")
+        now = trio.current_time()
+        self._expire(now)
+        if ctx.peer not in self.reservations and len(self.reservations) >= cfg.max_reservations:
+            raise ResourceExhausted(f"relay is full ({cfg.max_reservations} reservations)")
+        held = self.reservations.setdefault(ctx.peer, Reservation(now))
+        held.expires = now + cfg.reservation_ttl
+        return {"ttl": cfg.reservation_ttl, "max_circuits": cfg.max_circuits,
+                "circuit_bytes": cfg.circuit_bytes, "circuit_seconds": cfg.circuit_seconds}
+
+    def _expire(self, now: float) -> None:
+        for peer in [p for p, r in self.reservations.items() if r.expires <= now]:
+            del self.reservations[peer]
+
+    async def _serve_connect(self, channel: Channel, ctx) -> None:
+        target = peer_field(channel.arg)
+        self._expire(trio.current_time())
+        held = self.reservations.get(target)
+        if held is None or self._node.live(target) is None:
+            raise NotFound(f"no reservation for {target} here")
+        if held.circuits >= self.config.max_circuits:
+            raise ResourceExhausted(f"{target} has {held.circuits} circuits open, the most allowed")
+        held.circuits += 1
+        try:
+            async with self._node.rpc.bidi(target, "relay.incoming", {"peer": str(ctx.peer)}) as out:
+                await channel.send(_OPEN)  # the dialer starts tunnelling only after this
+                with trio.move_on_after(self.config.circuit_seconds):
+                    await _splice(channel, out, self.config.circuit_bytes)
+        finally:
+            held.circuits -= 1
+
+    # --- target: accept a circuit ---------------------------------------------
+
+    async def _serve_incoming(self, channel: Channel, ctx) -> None:
+        if ctx.peer not in self.reserved_at:
+            raise PermissionDenied("we hold no reservation at this relay")
+        log.info("relayed circuit from %s via %s", peer_field(channel.arg), ctx.peer)
+        await self._tunnel(channel, ready=None)
+
+    # --- dialer ----------------------------------------------------------------
+
+    async def dial_via(self, relay: PeerId, target: PeerId, timeout: float = 15.0) -> PeerConnection:
+        """An authenticated QUIC connection to ``target`` carried by ``relay``.
+
+        Raises Unavailable when the relay refuses (no reservation, limits) or
+        the handshake through it fails.  The circuit lasts as long as the
+        connection.
+        """
+        send_ready, receive_ready = trio.open_memory_channel(1)
+        stop = trio.Event()
+        self._node.spawn(self._run_circuit, relay, target, send_ready, stop)
+        try:
+            with trio.fail_after(timeout):
+                addr = await receive_ready.receive()
+            if isinstance(addr, Exception):
+                raise addr
+            conn = await self._node.endpoint.dial_path(addr, target, timeout, f"{target} via {relay}")
+        except (trio.TooSlowError, trio.EndOfChannel):
+            stop.set()
+            raise Unavailable(f"relay {relay} did not open a circuit to {target}") from None
+        except DialError as exc:
+            stop.set()
+            raise Unavailable(str(exc)) from None
+        except BaseException:
+            stop.set()
+            raise
+        self._node.spawn(set_when_terminated, conn, stop)
+        return conn
+
+    async def _run_circuit(self, relay: PeerId, target: PeerId, ready: trio.MemorySendChannel,
+                           stop: trio.Event) -> None:
+        """Hold the ``relay.connect`` call open, tunnelling, until ``stop`` is set."""
+        try:
+            async with self._node.rpc.bidi(relay, "relay.connect", {"peer": str(target)}) as channel:
+                if await channel.receive() != _OPEN:  # the relay's refusal raises its RpcError here
+                    raise Unavailable("relay answered something other than an open circuit")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._tunnel, channel, ready)
+                    await stop.wait()
+                    nursery.cancel_scope.cancel()
+        except Exception as exc:  # the dialer may still be waiting on `ready`: tell it why
+            try:
+                ready.send_nowait(Unavailable(f"relay {relay}: {exc}"))
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        finally:
+            ready.close()
+
+    async def _tunnel(self, channel: Channel, ready) -> None:
+        """Carry QUIC datagrams between ``channel`` and a virtual path until either ends."""
+        endpoint = self._node.endpoint
+        outgoing, queued = trio.open_memory_channel(_QUEUE)
+
+        def send(datagram: bytes) -> None:
+            try:
+                outgoing.send_nowait(datagram)
+            except trio.WouldBlock:
+                endpoint.stats["relay_dropped"] += 1
+
+        addr = endpoint.attach_path(send)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_pump_out, queued, channel, nursery.cancel_scope)
+                if ready is not None:
+                    ready.send_nowait(addr)
+                try:
+                    async for datagram in channel:
+                        if isinstance(datagram, bytes):
+                            endpoint.path_datagram_received(datagram, addr)
+                except (Unavailable, StreamAborted):
+                    pass
+                nursery.cancel_scope.cancel()
+        finally:
+            endpoint.detach_path(addr)
+
+
+async def _pump_out(queued: trio.MemoryReceiveChannel, channel: Channel, scope: trio.CancelScope) -> None:
+    try:
+        async for datagram in queued:
+            await channel.send(datagram)
+    except (StreamAborted, trio.ClosedResourceError):
+        scope.cancel()
+
+
+async def _splice(a: Channel, b: Channel, byte_limit: int) -> None:
+    """Copy items both ways until either side ends or ``byte_limit`` bytes have passed."""
+    carried = 0
+
+    async def copy(src: Channel, dst: Channel, scope: trio.CancelScope) -> None:
+        nonlocal carried
+        try:
+            async for item in src:
+                carried += len(item) if isinstance(item, bytes) else 0
+                if carried > byte_limit:
+                    log.info("circuit closed at its %d-byte limit", byte_limit)
+                    break
+                await dst.send(item)
+        except (Unavailable, StreamAborted, trio.ClosedResourceError):
+            pass
+        scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(copy, a, b, nursery.cancel_scope)
+        nursery.start_soon(copy, b, a, nursery.cancel_scope)

@@ -1,0 +1,63 @@
+"""Model shard sync, the service ``shards``: tensors as content-addressed chunks
+under a signed manifest.
+
+:mod:`.format` defines the stream, the chunking and the manifest (see its
+docstring for the wire format); :mod:`.store` keeps chunks in the data dir,
+shared by all models, with pins and garbage collection; :mod:`.lane` is the
+sealed TCP bulk lane; :class:`Shards` (:mod:`.service`) publishes and fetches,
+and :mod:`.control` offers that to ``meshctl shards`` and the client library.
+"""
+
+from .format import (
+    CHUNK_SIZE,
+    CONTEXT,
+    DTYPE_SIZES,
+    FORMAT_VERSION,
+    ChunkEntry,
+    ChunkError,
+    Layout,
+    Manifest,
+    ManifestError,
+    TensorEntry,
+    chunk_ranges,
+    chunks_changed,
+    decode_manifest,
+    decode_tensors,
+    encode_tensors,
+    iter_tensor_bytes,
+    sign_manifest,
+    verify_chunk,
+    write_safetensors,
+)
+from .config import ShardsSection
+from .errors import FetchError
+from .service import Progress, Shards
+from .store import ChunkStore, StoreFull
+
+__all__ = [
+    "CHUNK_SIZE",
+    "CONTEXT",
+    "DTYPE_SIZES",
+    "FORMAT_VERSION",
+    "ChunkEntry",
+    "ChunkError",
+    "ChunkStore",
+    "FetchError",
+    "Layout",
+    "Manifest",
+    "ManifestError",
+    "Progress",
+    "Shards",
+    "ShardsSection",
+    "StoreFull",
+    "TensorEntry",
+    "chunk_ranges",
+    "chunks_changed",
+    "decode_manifest",
+    "decode_tensors",
+    "encode_tensors",
+    "iter_tensor_bytes",
+    "sign_manifest",
+    "verify_chunk",
+    "write_safetensors",
+]

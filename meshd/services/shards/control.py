@@ -1,0 +1,107 @@
+"""The control-socket methods for model shards (``shards.*``).
+
+The daemon reads and writes ``.safetensors`` files named by the caller (the
+control socket only admits this user, so paths are the user's own).
+"""
+
+from __future__ import annotations
+
+import os
+import trio
+
+from ...identity import PeerId
+from ...rpc import InvalidArgument, NotFound
+from ...rpc.args import field, optional
+from .errors import FetchError
+from .format import ManifestError, write_safetensors
+from .store import StoreFull
+
+PROGRESS_EVERY = 0.25  # seconds between progress items of shards.fetch
+
+
+def _info(manifest, present: int | None = None) -> dict:
+    info = {"id": manifest.id.hex(), "name": manifest.name, "version": manifest.version,
+            "bytes": manifest.total_size, "chunks": len(manifest.chunks), "tensors": len(manifest.tensors),
+            "publisher": str(PeerId(manifest.publisher)), "created": manifest.created}
+    if present is not None:
+        info["present_bytes"] = present
+    return info
+
+
+def _str(arg: object, name: str, *, required: bool = True) -> str | None:
+    value = field(arg, name, str) if required else optional(arg, name, str)
+    if value == "":
+        raise InvalidArgument(f"{name} must not be empty")
+    return value
+
+
+def control_methods(shards) -> dict:
+    """``shards.publish``, ``shards.fetch`` (a server stream of progress),
+    ``shards.ls``, ``shards.unpin`` and ``shards.gc``, bound to ``shards``, the
+    :class:`~meshd.services.shards.Shards` service (not imported here: it imports this module)."""
+
+    async def publish(arg, ctx):
+        path, name = _str(arg, "path"), _str(arg, "name")
+        version = arg.get("version")
+        if version is not None and (type(version) is not int or version < 0):
+            raise InvalidArgument("version must be a non-negative integer")
+        try:
+            manifest = await shards.publish(os.path.expanduser(path), name=name, version=version)
+        except (OSError, ValueError, StoreFull) as exc:
+            raise InvalidArgument(f"could not publish {path}: {exc}") from None
+        return _info(manifest)
+
+    async def fetch(arg, ctx):
+        ref, out = _str(arg, "ref"), _str(arg, "out", required=False)
+        latest: list = []
+        changed = trio.Event()
+
+        def on_progress(progress) -> None:
+            latest[:] = [progress.as_dict()]
+            changed.set()
+
+        result: dict = {}
+        async with trio.open_nursery() as nursery:
+            async def run() -> None:
+                try:
+                    result["manifest"] = await shards.pull(ref, on_progress=on_progress)
+                except (FetchError, ManifestError, StoreFull) as exc:
+                    result["error"] = str(exc)
+                changed.set()
+            nursery.start_soon(run)
+            while not result:
+                await changed.wait()
+                changed = trio.Event()
+                if latest and not result:
+                    yield latest[0]
+                    await trio.sleep(PROGRESS_EVERY)  # at most a few items per second
+        if "error" in result:
+            raise NotFound(result["error"])
+        manifest = result["manifest"]
+        if out:
+            await trio.to_thread.run_sync(write_safetensors, manifest, shards.store.get,
+                                          os.path.expanduser(out))
+        progress = shards.fetches[manifest.id]
+        yield {"done": True, **_info(manifest), "out": out, "fetched_bytes": progress.fetched_bytes,
+               "providers": progress.providers}
+
+    async def ls(arg, ctx):
+        present = {model: have for model, _, _, _, have in shards.store.pins()}
+        return [_info(m, present.get(m.id, 0)) for m in shards.manifests()]
+
+    async def unpin(arg, ctx):
+        try:
+            model_id = bytes.fromhex(_str(arg, "id"))
+        except ValueError:
+            raise InvalidArgument("id must be hex") from None
+        return {"unpinned": shards.unpin(model_id)}
+
+    async def gc(arg, ctx):
+        target = arg.get("target_bytes") if isinstance(arg, dict) else None
+        if target is not None and (type(target) is not int or target < 0):
+            raise InvalidArgument("target_bytes must be a non-negative integer")
+        removed, freed = await trio.to_thread.run_sync(shards.store.gc, target)
+        return {"removed": removed, "freed_bytes": freed, "bytes": shards.store.total_bytes()}
+
+    return {"shards.publish": publish, "shards.fetch": fetch, "shards.ls": ls,
+            "shards.unpin": unpin, "shards.gc": gc}

@@ -1,0 +1,482 @@
+"""Publishing and fetching models between nodes.
+
+Publish: a state_dict (or ``.safetensors`` file) becomes chunks in the node's
+:class:`ChunkStore`, pinned, under a signed manifest kept in
+``DATA_DIR/manifests``; the node announces itself in the DHT as a provider of
+``b"/shard/" + model id`` and records ``name -> version -> {id, publisher,
+time}`` in the registry document (``shards.registry``, by default this node's
+``models`` document).
+
+Fetch: find the providers, take the manifest from any (it must hash to the
+id asked for and carry a valid signature), then pull the chunks this node
+lacks from all providers at once.  Each provider works through a shared queue
+in batches sized by its measured throughput; a chunk that does not hash to
+its id gets its sender dropped and goes back to the queue, as do the chunks of
+a provider that fails.  Chunks are stored as they arrive, so a fetch that is
+killed resumes with what is missing.  Afterwards the node provides the model
+too.  Chunks travel over QUIC RPC (``shards.chunks``, a server stream).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Mapping, Protocol, Sequence
+
+import trio
+
+from crdt.document import ANYONE, Document, Transaction
+from crdt.reconcile import ReconcileError
+from dht.ids import Contact
+from dht.network import DhtError
+
+from ...identity import PeerId
+from ...rpc import InvalidArgument, NotFound, RpcError
+from ...service import Host
+from .config import ShardsSection
+from .control import control_methods
+from .errors import FetchError
+from .format import ChunkError, Manifest, ManifestError, decode_manifest, decode_tensors, encode_tensors, sign_manifest
+from .lane import METHOD as LANE_METHOD
+from .lane import Lane, LaneError, LaneServer, open_lane
+from .store import ChunkStore
+
+log = logging.getLogger("meshd.shards")
+
+PROVIDER_PREFIX = b"/shard/"
+MAX_IDS = 64  # chunk ids per shards.chunks request
+_FIRST_BATCH = 2  # chunks a provider is first given; then about a second's worth
+_CALL_TIMEOUT = 120.0
+
+
+class Providers(Protocol):
+    """Provider records (the DHT): who has a model."""
+
+    async def provide(self, key: bytes) -> int: ...
+    def unprovide(self, key: bytes) -> None: ...
+    async def find_providers(self, key: bytes, count: int) -> Sequence[Contact]: ...
+
+
+class Replica(Protocol):
+    doc: Document
+    peers: dict[PeerId, None]
+    ref: str
+
+
+class Documents(Protocol):
+    """Replicated documents (the crdt service): where the model registry lives."""
+
+    def is_own(self, ref: str) -> bool: ...
+    async def open(self, ref: str, *, create: bool = False) -> Replica: ...
+    def write(self, replica: Replica, fill: Callable[[Transaction], None]) -> object: ...
+    async def sync(self, replica: Replica, peer: PeerId) -> dict: ...
+
+
+@dataclass
+class Progress:
+    """How a fetch is going: bytes in and per-provider throughput."""
+
+    model: str
+    total_bytes: int
+    have_bytes: int = 0
+    fetched_bytes: int = 0
+    providers: dict[str, dict] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "total_bytes": self.total_bytes, "have_bytes": self.have_bytes,
+                "fetched_bytes": self.fetched_bytes, "providers": self.providers}
+
+
+class Shards:
+    """The models a node keeps, publishes and fetches (service ``shards``, config ``[shards]``)."""
+
+    name = "shards"
+
+    def __init__(self, host: Host, config: ShardsSection, *, providers: Providers,
+                 documents: Documents) -> None:
+        self._node = host
+        self._config = config
+        self._dht = providers
+        self._docs = documents
+        self.store = ChunkStore(host.data_dir / "chunks", max_bytes=config.max_bytes)
+        self._manifest_dir = host.data_dir / "manifests"
+        self._manifest_dir.mkdir(mode=0o700, exist_ok=True)
+        self.fetches: dict[bytes, Progress] = {}
+        self._lane = LaneServer(host, self._read) if config.lane else None
+
+    def rpc_methods(self) -> dict:
+        methods = {"shards.manifest": self._serve_manifest, "shards.chunks": self._serve_chunks}
+        if self._lane is not None:
+            methods[LANE_METHOD] = self._lane.issue
+        return methods
+
+    def control_methods(self) -> dict:
+        return control_methods(self)
+
+    def status(self) -> dict:
+        return {"models": len(self.manifests()), "fetching": len(self.fetches)}
+
+    def close(self) -> None:
+        self.store.close()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the bulk lane (if enabled) and announce every whole model kept here
+        once (the DHT re-announces them from then on); runs until cancelled."""
+        async with trio.open_nursery() as nursery:
+            if self._lane is not None:
+                await nursery.start(self._lane.serve)
+            task_status.started()
+            for manifest in self.manifests():
+                if not self.store.missing([c.id for c in manifest.chunks]):  # not a fetch cut short
+                    await self._announce(manifest)
+
+    async def _read(self, chunk_id: bytes) -> bytes | None:
+        return await trio.to_thread.run_sync(self.store.get, chunk_id)
+
+    # --- manifests on disk ----------------------------------------------------------
+
+    def manifest(self, model_id: bytes) -> Manifest | None:
+        """The manifest of a model this node keeps, or None."""
+        try:
+            data = (self._manifest_dir / model_id.hex()).read_bytes()
+        except (FileNotFoundError, ValueError):
+            return None
+        return decode_manifest(data, verify=False)
+
+    def manifests(self) -> list[Manifest]:
+        return [m for m in (self.manifest(bytes.fromhex(p.name)) for p in self._manifest_dir.iterdir()
+                            if len(p.name) == 64) if m is not None]
+
+    def _keep(self, manifest: Manifest) -> None:
+        """Pin the model's chunks and write its manifest (atomically, durably)."""
+        self.store.pin(manifest.id, [c.id for c in manifest.chunks], f"{manifest.name}@{manifest.version}",
+                       sizes=[c.length for c in manifest.chunks])
+        path = self._manifest_dir / manifest.id.hex()
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(manifest.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def unpin(self, model_id: bytes) -> bool:
+        """Stop keeping a model: its chunks become collectable (unless another
+        model shares them) and this node stops announcing it."""
+        (self._manifest_dir / model_id.hex()).unlink(missing_ok=True)
+        self._dht.unprovide(PROVIDER_PREFIX + model_id)
+        return self.store.unpin(model_id)
+
+    # --- publish ---------------------------------------------------------------------
+
+    async def publish(self, source: Mapping | str | os.PathLike, *, name: str,
+                      version: int | None = None) -> Manifest:
+        """Store, sign, announce and register ``source`` as ``name@version``.
+
+        ``version`` defaults to one above the highest the registry knows.
+        """
+        if version is None:
+            version = 1 + max(await self.versions(name), default=0)
+        layout, chunks = await trio.to_thread.run_sync(encode_tensors, source)
+        manifest = sign_manifest(layout, name, version, sign=self._node.identity.sign,
+                                 public_key=self._node.peer_id.key)
+        await trio.to_thread.run_sync(self._put_all, manifest, chunks)
+        self._keep(manifest)
+        await self._announce(manifest)
+        await self._register(manifest)
+        return manifest
+
+    def _put_all(self, manifest: Manifest, chunks: list[bytes]) -> None:
+        for entry, data in zip(manifest.chunks, chunks):
+            self.store.put(entry.id, data)
+
+    async def _announce(self, manifest: Manifest) -> None:
+        try:
+            await self._dht.provide(PROVIDER_PREFIX + manifest.id)
+        except DhtError as exc:
+            log.warning("could not announce %s: %s", manifest.id.hex()[:16], exc)
+
+    # --- the registry ----------------------------------------------------------------
+
+    async def _registry(self):
+        """The registry document, created (readable by anyone) if it is ours and new."""
+        ref = self._config.registry or "models"
+        docs = self._docs
+        ours = docs.is_own(ref)
+        replica = await docs.open(ref, create=ours)
+        if ours and len(replica.doc) == 0:
+            docs.write(replica, lambda tx: tx.grant(ANYONE, "reader"))
+        return replica
+
+    async def _register(self, manifest: Manifest) -> None:
+        replica = await self._registry()
+        entry = {"id": manifest.id.hex(), "publisher": str(PeerId(manifest.publisher)),
+                 "time": manifest.created, "bytes": manifest.total_size}
+        self._docs.write(replica, lambda tx: tx.set([manifest.name, str(manifest.version)], entry))
+
+    async def versions(self, name: str) -> list[int]:
+        """The versions of ``name`` the registry lists."""
+        entries = (await self._registry()).doc.get([name]) or {}
+        return sorted(int(v) for v in entries if v.isdigit())
+
+    async def resolve(self, ref: str) -> bytes:
+        """The model id of ``NAME@VERSION``, ``NAME@latest``, ``NAME`` or a 64-hex id."""
+        if len(ref) == 64:
+            try:
+                return bytes.fromhex(ref)
+            except ValueError:
+                pass
+        name, _, version = ref.rpartition("@") if "@" in ref else (ref, "", "latest")
+        replica = await self._registry()
+        entry = _registry_entry(replica.doc.get([name]), version)
+        if entry is None:  # perhaps just published elsewhere: catch up once and look again
+            for peer in list(replica.peers):
+                with contextlib.suppress(RpcError, ReconcileError):
+                    await self._docs.sync(replica, peer)
+            entry = _registry_entry(replica.doc.get([name]), version)
+        if entry is None:
+            raise FetchError(f"the registry {replica.ref} has no {name}@{version}")
+        return bytes.fromhex(entry["id"])
+
+    # --- fetch -------------------------------------------------------------------------
+
+    async def pull(self, ref: str, *, on_progress: Callable[[Progress], None] | None = None) -> Manifest:
+        """Make the model ``ref`` whole on this node (see :meth:`resolve`); returns its manifest."""
+        model_id = await self.resolve(ref)
+        manifest, providers = self.manifest(model_id), None
+        if manifest is None:
+            providers = await self._providers(model_id)
+            manifest = await self._fetch_manifest(model_id, providers)
+            self._keep(manifest)  # pinned from the start: a resumed fetch keeps what it got
+        sizes = {c.id: c.length for c in manifest.chunks}
+        missing = await trio.to_thread.run_sync(self.store.missing, list(sizes))
+        progress = self.fetches[model_id] = Progress(
+            model_id.hex(), manifest.total_size, manifest.total_size - sum(sizes[c] for c in missing))
+        if missing:
+            if providers is None:
+                providers = await self._providers(model_id)
+            await _Download(self, manifest, deque(missing), providers, progress, on_progress).run()
+            await self._announce(manifest)  # whole now: a provider too
+        if on_progress:
+            on_progress(progress)
+        return manifest
+
+    async def fetch(self, ref: str) -> dict:
+        """The tensors of model ``ref``, ready for ``load_state_dict``, pulled first if needed."""
+        manifest = await self.pull(ref)
+        return await trio.to_thread.run_sync(decode_tensors, manifest, self.store.get)
+
+    async def _providers(self, model_id: bytes) -> list[PeerId]:
+        try:
+            found = await self._dht.find_providers(PROVIDER_PREFIX + model_id, 20)
+        except DhtError as exc:
+            raise FetchError(f"provider lookup failed: {exc}") from None
+        return [p for p in (PeerId(c.public_key) for c in found) if p != self._node.peer_id]
+
+    async def _fetch_manifest(self, model_id: bytes, providers: list[PeerId]) -> Manifest:
+        for peer in providers:
+            try:
+                data = await self._node.rpc.call(peer, "shards.manifest", {"model": model_id}, timeout=30)
+                manifest = decode_manifest(data if isinstance(data, bytes) else b"")
+            except (RpcError, ManifestError) as exc:
+                log.info("manifest of %s from %s: %s", model_id.hex()[:16], peer.short(), exc)
+                continue
+            if manifest.id == model_id:
+                return manifest
+            log.warning("%s sent a manifest that is not %s", peer.short(), model_id.hex()[:16])
+        raise FetchError(f"no provider of {model_id.hex()} gave its manifest ({len(providers)} asked)")
+
+    # --- serving -------------------------------------------------------------------------
+
+    async def _serve_manifest(self, arg, ctx) -> bytes:
+        model_id = arg.get("model") if isinstance(arg, dict) else None
+        manifest = self.manifest(model_id) if isinstance(model_id, bytes) and len(model_id) == 32 else None
+        if manifest is None:
+            raise NotFound("no such model here")
+        return manifest.encode()
+
+    async def _serve_chunks(self, arg, ctx):
+        ids = arg.get("ids") if isinstance(arg, dict) else None
+        if not isinstance(ids, list) or not 0 < len(ids) <= MAX_IDS or not all(
+                isinstance(i, bytes) and len(i) == 32 for i in ids):
+            raise InvalidArgument(f"expected {{ids: 1 to {MAX_IDS} chunk ids}}")
+        for chunk_id in ids:
+            yield await trio.to_thread.run_sync(self.store.get, chunk_id)  # None: not here
+
+
+def _registry_entry(entries: object, version: str) -> dict | None:
+    """The registry's entry for ``version`` ("latest": the highest) of one name, or None."""
+    if not isinstance(entries, dict):
+        return None
+    if version == "latest":
+        numbered = [v for v in entries if v.isdigit()]
+        version = max(numbered, key=int) if numbered else ""
+    entry = entries.get(version)
+    return entry if isinstance(entry, dict) and isinstance(entry.get("id"), str) else None
+
+
+class _Download:
+    """One fetch's chunks, pulled from several providers through a shared queue.
+
+    Each provider's worker takes a batch from the queue, sized to about a
+    second at its measured rate.  Once the queue is empty, an idle worker asks
+    its provider for chunks still in flight at another (each chunk at most
+    twice), so a slow or stalled provider does not hold up the end; the fetch
+    ends, cancelling whatever is still in flight, once every chunk is stored.
+    """
+
+    def __init__(self, shards: Shards, manifest: Manifest, queue: deque, providers: list[PeerId],
+                 progress: Progress, on_progress) -> None:
+        self.shards, self.manifest, self.queue = shards, manifest, queue
+        self.providers, self.progress, self.on_progress = providers, progress, on_progress
+        self.sizes = {c.id: c.length for c in manifest.chunks}
+        self.wanted = set(queue)  # not stored yet
+        self.active: dict[PeerId, list[bytes]] = {}  # the batch each worker is pulling
+        self.doubled: set[bytes] = set()  # also asked of a second provider
+        self._event = trio.Event()  # set when a batch ends
+        self._finished: trio.CancelScope | None = None
+
+    async def run(self) -> None:
+        if not self.providers:
+            raise FetchError(f"nobody provides {self.manifest.id.hex()}")
+        async with trio.open_nursery() as nursery:
+            self._finished = nursery.cancel_scope
+            for peer in self.providers:
+                nursery.start_soon(self._worker, peer)
+        for stats in self.progress.providers.values():
+            if stats["state"] == "fetching":  # cancelled once the others had finished
+                stats["state"] = "done" if stats["bytes"] else "not needed"
+        if self.wanted:
+            raise FetchError(f"{len(self.wanted)} chunks of {self.manifest.id.hex()} could not be fetched: "
+                             f"{self.progress.providers}")
+
+    def _changed(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    def _next_batch(self, size: int) -> list[bytes] | None:
+        batch = []
+        while self.queue and len(batch) < size:
+            chunk_id = self.queue.popleft()
+            if chunk_id in self.wanted:
+                batch.append(chunk_id)
+        if batch:
+            return batch
+        for other in self.active.values():  # the end game: help whoever is slower
+            spare = [c for c in other if c in self.wanted and c not in self.doubled][:size]
+            if spare:
+                self.doubled.update(spare)
+                return spare
+        return None
+
+    async def _worker(self, peer: PeerId) -> None:
+        """Take batches while chunks are wanted; a failure hands the batch back.
+
+        Chunks come over the peer's bulk lane when it has a direct path and
+        serves one, else (or once the lane fails) over QUIC."""
+        stats = self.progress.providers.setdefault(str(peer), {"bytes": 0, "mb_s": 0.0, "state": "fetching"})
+        lane = await open_lane(self.shards._node, peer) if self.shards._config.lane else None
+        stats["path"] = "lane" if lane else "quic"
+        rate, batch_size = 0.0, _FIRST_BATCH
+        try:
+            while self.wanted:
+                batch = self._next_batch(batch_size)
+                if batch is None:  # all in flight elsewhere: wait for a batch to end
+                    await self._event.wait()
+                    continue
+                started, got = time.monotonic(), 0
+                self.active[peer] = batch
+                try:
+                    got = await (self._pull_lane(lane, batch, stats) if lane else self._pull(peer, batch, stats))
+                except LaneError as exc:
+                    log.info("lane to %s failed (%s): QUIC from now on", peer.short(), exc)
+                    lane, stats["path"] = None, "quic"
+                    continue
+                except (RpcError, ChunkError, trio.BrokenResourceError) as exc:
+                    stats["state"] = f"dropped: {exc}"
+                    log.info("fetch of %s: dropped %s: %s", self.manifest.id.hex()[:16], peer.short(), exc)
+                    return
+                finally:
+                    del self.active[peer]
+                    back = [c for c in batch[got:] if c in self.wanted]
+                    self.doubled.difference_update(back)
+                    self.queue.extend(back)  # what it did not deliver goes to the others
+                    self._changed()
+                if got == 0:
+                    stats["state"] = "has none of the rest"
+                    return
+                elapsed = max(time.monotonic() - started, 1e-3)
+                moved = sum(self.sizes[c] for c in batch[:got])
+                rate = moved / elapsed if rate == 0 else 0.5 * rate + 0.5 * moved / elapsed
+                batch_size = max(1, min(MAX_IDS, int(rate / (self.manifest.chunk_size or 1))))
+                stats["mb_s"] = round(rate / 1e6, 1)
+            stats["state"] = "done"
+        finally:
+            if lane is not None:
+                with trio.CancelScope(shield=True):
+                    await lane.aclose()
+
+    @asynccontextmanager
+    async def _writing(self, stats: dict) -> AsyncIterator[tuple[trio.MemorySendChannel, list[int]]]:
+        """A channel of ``(chunk id, bytes)`` that a writer task verifies and stores in
+        order while the next chunks arrive; ``stored[0]`` counts those stored.
+        ChunkError (raised here) if one does not verify."""
+        send, receive = trio.open_memory_channel(2)
+        stored = [0]
+
+        async def writer() -> None:
+            async with receive:
+                async for chunk_id, data in receive:
+                    await trio.to_thread.run_sync(self.shards.store.put, chunk_id, data)
+                    stored[0] += 1
+                    stats["bytes"] += len(data)
+                    self._stored(chunk_id, len(data))
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer)
+                async with send:
+                    yield send, stored
+        except BaseExceptionGroup as group:  # one failure: the caller handles it by type
+            while isinstance(group, BaseExceptionGroup):
+                group = group.exceptions[0]
+            raise group from None
+
+    async def _pull_lane(self, lane: Lane, batch: list[bytes], stats: dict) -> int:
+        """:meth:`_pull` over a bulk lane (which stops being usable after a chunk it lacks)."""
+        async with self._writing(stats) as (send, stored):
+            async for chunk_id, data in lane.fetch(batch):
+                if data is None:
+                    raise LaneError("the peer lacks a chunk")  # the lane is closed; QUIC takes over
+                await send.send((chunk_id, data))
+        return stored[0]
+
+    async def _pull(self, peer: PeerId, batch: list[bytes], stats: dict) -> int:
+        """Stream ``batch`` from ``peer``, storing each verified chunk; returns how many
+        it sent before the first it lacks.  ChunkError if one does not verify."""
+        rpc = self.shards._node.rpc
+        async with self._writing(stats) as (send, stored):
+            async with rpc.stream(peer, "shards.chunks", {"model": self.manifest.id, "ids": batch},
+                                  timeout=_CALL_TIMEOUT) as stream:
+                ids = iter(batch)
+                async for data in stream:  # one item per id asked, None where it has none
+                    if data is None:
+                        break
+                    chunk_id = next(ids, None)
+                    if chunk_id is None or not isinstance(data, bytes):
+                        raise ChunkError("an item that is not a chunk asked for")
+                    await send.send((chunk_id, data))
+        return stored[0]
+
+    def _stored(self, chunk_id: bytes, size: int) -> None:
+        self.progress.fetched_bytes += size
+        if chunk_id in self.wanted:
+            self.wanted.discard(chunk_id)
+            self.progress.have_bytes += size
+            if self.on_progress:
+                self.on_progress(self.progress)
+            if not self.wanted:
+                self._finished.cancel()  # slower copies still in flight are not needed

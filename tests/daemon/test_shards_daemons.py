@@ -1,0 +1,56 @@
+"""Model shards between real ``meshd`` processes, driven by ``meshctl shard``
+and the client library: a fetch SIGKILLed halfway resumes with only what is
+missing, and the file written is the file published."""
+
+from __future__ import annotations
+
+import filecmp
+
+import torch
+import trio
+
+import meshd
+from meshd.services.shards.format import encode_tensors, write_safetensors
+from test_daemons import daemons  # noqa: F401  (the fixture)
+from test_dht_daemons import start
+
+CONFIG = {"transport": {"idle_timeout": 3.0, "keepalive_interval": 0.5, "handshake_timeout": 2.0}}
+
+
+def safetensors_file(path, megabytes: int) -> None:
+    generator = torch.Generator().manual_seed(1)
+    tensors = {f"layer{i}.weight": torch.randn(1024, 1024, generator=generator) for i in range(megabytes // 4)}
+    tensors["step"] = torch.tensor(7)
+    layout, chunks = encode_tensors(tensors)
+    write_safetensors(layout, dict(zip([c.id for c in layout.chunks], chunks)), path)
+
+
+async def test_a_fetch_killed_halfway_resumes_with_what_is_missing(daemons, tmp_path):  # noqa: F811
+    with trio.fail_after(120):
+        source = tmp_path / "gpt.safetensors"
+        safetensors_file(source, 64)
+        [a] = await start(daemons, ["a"], config=CONFIG)
+        # QUIC only: the lane would move all 64 MiB before the kill lands.
+        shared = {**CONFIG, "shards": {"registry": f"{a.peer_id}/models", "lane": False}}
+        [b] = await start(daemons, ["b"], config=shared, bootstrap=[str(a.address)])
+        published = a.meshctl("shard", "publish", str(source), "--name", "run42/gpt")
+        assert published["version"] == 1 and published["bytes"] > 64 << 20
+
+        async with meshd.connect(b.data_dir) as client:
+            async with client.fetch_model("run42/gpt@latest") as items:
+                first = await items.__anext__()  # sent after the first chunk is on disk
+                b.kill()  # while it is still pulling
+        assert 0 < first["have_bytes"] < first["total_bytes"]
+        [b] = await start(daemons, ["b"], config=shared, bootstrap=[str(a.address)])
+
+        out = tmp_path / "fetched.safetensors"
+        done = b.meshctl("shard", "fetch", "run42/gpt", "-o", str(out), timeout=60)
+        assert done["done"] and done["id"] == published["id"]
+        assert 0 < done["fetched_bytes"] <= published["bytes"] - first["have_bytes"]
+        assert filecmp.cmp(source, out, shallow=False)
+        human = b.meshctl_raw("shard", "fetch", "run42/gpt@1")  # the progress bar's path
+        assert human.returncode == 0 and human.stdout.startswith("fetched run42/gpt@1 "), human
+        [kept] = b.meshctl("shard", "ls")
+        assert kept["present_bytes"] == kept["bytes"] and kept["name"] == "run42/gpt"
+        collected = b.meshctl("shard", "gc", "--unpin", published["id"])
+        assert collected["removed"] == published["chunks"] and collected["bytes"] == 0

@@ -1,0 +1,132 @@
+"""Nodes in one process: RPC both ways, identify, peer store, duplicates, limits."""
+
+import pytest
+import trio
+
+import meshd
+from meshd import Config
+
+
+async def echo(arg, ctx):
+    return {"echo": arg, "from": str(ctx.peer)}
+
+
+async def test_rpc_both_ways_and_identify(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a:
+        async with meshd.open_node(tmp_path / "b", listen="127.0.0.1:0", bootstrap=[str(a.address)]) as b:
+            a.rpc.register("echo", echo)
+            b.rpc.register("echo", echo)
+            with trio.fail_after(10):
+                await b.wait_connected(a.peer_id)
+                await a.wait_connected(b.peer_id)
+            assert await b.rpc.call(a.peer_id, "echo", 1) == {"echo": 1, "from": str(b.peer_id)}
+            assert await a.rpc.call(str(b.peer_id), "echo", 2) == {"echo": 2, "from": str(a.peer_id)}
+            info = await b.identify(a.peer_id)
+            assert info["peer_id"] == str(a.peer_id)
+            assert info["observed"] == str(b.listen_address)
+            assert {"echo", "identify", "ping"} <= set(info["services"])
+            assert await b.ping(a.peer_id) < 1.0
+            [row] = b.peers()
+            assert row["peer_id"] == str(a.peer_id) and row["direction"] == "out"
+
+
+async def test_peer_store_survives_a_restart(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a:
+        for _ in range(2):
+            async with meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
+                await b.connect(a.address)
+                await b.ping(a.peer_id)
+        async with meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
+            record = b.peerstore.get(a.peer_id)
+            assert record is not None and str(a.listen_address) in record.addrs
+            assert record.rtt_ms is not None
+            # known address: a call by PeerId alone dials it
+            assert await b.rpc.call(a.peer_id, "ping", "hi") == "hi"
+
+
+async def test_idle_connections_close_but_bootstrap_and_busy_ones_stay(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0", bootstrap=[str(a.address)]) as b, \
+            meshd.open_node(tmp_path / "c", listen="127.0.0.1:0") as c, \
+            meshd.open_node(tmp_path / "d", listen="127.0.0.1:0") as d:
+        started, release = trio.Event(), trio.Event()
+
+        async def hold(arg, ctx):
+            started.set()
+            await release.wait()
+            return "done"
+
+        b.rpc.register("hold", hold)
+        with trio.fail_after(10):
+            await b.wait_connected(a.peer_id)
+            await c.connect(b.address)
+            await d.connect(b.address)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(d.rpc.call, b.peer_id, "hold", None)
+                await started.wait()
+                while c.peer_id in b.connected():  # identify may still be running on it
+                    await b.live(c.peer_id).wait_idle()
+                    closed = b.close_idle(older_than=0)
+                    assert a.peer_id not in closed and d.peer_id not in closed
+                assert {a.peer_id, d.peer_id} <= set(b.connected())  # the bootstrap peer, the busy one
+                release.set()
+        assert b.close_idle(older_than=3600) == []  # nothing has been idle that long
+
+
+async def test_simultaneous_dials_settle_on_one_shared_connection(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.connect, b.address)
+            nursery.start_soon(b.connect, a.address)
+        with trio.fail_after(10):
+            await a.wait_connected(b.peer_id)
+            await b.wait_connected(a.peer_id)
+        conn_a, conn_b = a.live(b.peer_id), b.live(a.peer_id)
+        assert conn_a.dialed != conn_b.dialed  # both kept the same connection
+        assert conn_a.close_reason is None and conn_b.close_reason is None
+        assert await a.rpc.call(b.peer_id, "ping", 1) == 1
+        assert await b.rpc.call(a.peer_id, "ping", 2) == 2
+
+
+async def test_connection_limit_refuses_with_a_reason(tmp_path):
+    config = Config()
+    config.transport.max_connections = 1
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0", config=config) as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b, \
+            meshd.open_node(tmp_path / "c", listen="127.0.0.1:0") as c:
+        await b.connect(a.address)
+        with pytest.raises(meshd.Unavailable, match="refused the connection"):
+            await c.connect(a.address)
+        assert await b.rpc.call(a.peer_id, "ping", 1) == 1
+
+
+async def test_unknown_peer_and_bad_input_are_clear_errors(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a:
+        stranger = meshd.Identity.generate().peer_id
+        with pytest.raises(meshd.Unavailable, match="no known address"):
+            await a.rpc.call(stranger, "ping")
+        with pytest.raises(meshd.InvalidArgument, match="not a PeerId"):
+            await a.rpc.call("nonsense", "ping")
+        with pytest.raises(meshd.AddressError):
+            await a.connect("nonsense")
+    with pytest.raises(meshd.AddressError, match="PEERID@HOST:PORT"):
+        async with meshd.open_node(tmp_path / "b", listen="127.0.0.1:0", bootstrap=["1.2.3.4:5"]):
+            pass
+
+
+async def test_a_failing_quic_state_machine_ends_its_connection_not_the_node(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
+        await b.connect(a.address)
+        conn = b.live(a.peer_id)
+
+        def broken():  # what aioquic 1.7.2 raised once in a 20-daemon test
+            raise OverflowError("int too large to convert to float")
+
+        conn.quic.get_timer = broken
+        conn._timer_scope.cancel()  # wake the timer loop now
+        with trio.fail_after(5):
+            await conn.terminated.wait()
+        assert "internal error" in conn.close_reason
+        assert await b.rpc.call(a.peer_id, "ping", "still here", timeout=5) == "still here"

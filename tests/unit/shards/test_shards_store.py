@@ -1,0 +1,268 @@
+"""The chunk store: round trips, hash checks, dedup, pins shared between models, gc and
+its limits, corruption on disk, and crash safety (a writer killed mid-put)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshd.services.shards.store import ChunkError, ChunkStore, StoreFull, chunk_id
+
+ROOT = Path(__file__).resolve().parents[3]
+FINAL = re.compile(r"[0-9a-f]{64}")
+M1, M2 = b"\x01" * 32, b"\x02" * 32
+
+
+def make(i: int, size: int = 1000) -> tuple[bytes, bytes]:
+    """A distinct chunk (id, data) of ``size`` bytes."""
+    data = (b"chunk%07d" % i * (size // 12 + 1))[:size]
+    return chunk_id(data), data
+
+
+def files(root: Path) -> dict[str, Path]:
+    """Every file in the chunk folders, by name."""
+    return {p.name: p for p in root.glob("??/*")}
+
+
+@pytest.fixture
+def root(tmp_path):
+    return tmp_path / "chunks"
+
+
+@pytest.fixture
+def store(root):
+    s = ChunkStore(root, max_bytes=1 << 30)
+    yield s
+    s.close()
+
+
+def test_round_trip(store, root):
+    (a, da), (b, db), (c, _) = make(1), make(2, 5000), make(3)
+    assert store.put(a, da) is True
+    assert store.put(b, db) is True
+    assert store.get(a) == da and store.get(b, verify=False) == db
+    assert store.has(a) and not store.has(c) and store.get(c) is None
+    assert store.size_of(b) == 5000 and store.size_of(c) is None
+    assert store.total_bytes() == 6000
+    assert store.missing([c, a, b, c]) == [c]
+    assert (root / a.hex()[:2] / a.hex()).read_bytes() == da
+
+
+def test_hash_mismatch_refused(store, root):
+    (a, da), (b, _) = make(1), make(2)
+    with pytest.raises(ChunkError):
+        store.put(b, da)
+    with pytest.raises(ValueError):  # ChunkError is a ValueError
+        store.put(a[:31], da)
+    assert not store.has(b) and store.total_bytes() == 0 and files(root) == {}
+
+
+def test_duplicate_put_stores_once(store, root):
+    a, da = make(1)
+    assert store.put(a, da) is True
+    assert store.put(a, da) is False
+    assert store.total_bytes() == 1000
+    assert list(files(root)) == [a.hex()]
+
+
+def test_models_sharing_chunks(store):
+    ids = [make(i) for i in range(6)]
+    for cid, data in ids:
+        store.put(cid, data)
+    c = [cid for cid, _ in ids]
+    store.pin(M1, [c[0], c[1], c[2], c[2]], "alpha")
+    store.pin(M2, [c[2], c[3], make(99)[0]], "beta", sizes=[1000, 1000, 4000])
+    assert store.pins() == [(M1, "alpha", 3, 3000, 3000), (M2, "beta", 3, 6000, 2000)]
+    assert store.gc() == (2, 2000)  # c4, c5: pinned by nobody
+    assert store.unpin(M1) is True and store.unpin(M1) is False
+    assert store.gc() == (2, 2000)  # c0, c1; c2 stays, beta pins it
+    assert [store.has(x) for x in c] == [False, False, True, True, False, False]
+    assert store.pins() == [(M2, "beta", 3, 6000, 2000)]
+    assert store.total_bytes() == 2000
+
+
+def test_pins_survive_reopen(root):
+    with ChunkStore(root, max_bytes=1 << 20) as s:
+        a, da = make(1)
+        s.put(a, da)
+        s.pin(M1, [a, make(2)[0]], "kept")
+    with ChunkStore(root, max_bytes=1 << 20) as s:
+        assert s.pins() == [(M1, "kept", 2, 1000, 1000)]
+        assert s.gc() == (0, 0)
+        assert s.get(a) == da
+
+
+def test_gc_target_least_recently_used_first(store):
+    c = [make(i) for i in range(5)]
+    for cid, data in c:
+        store.put(cid, data)
+    store.get(c[0][0])
+    store.get(c[1][0])
+    assert store.gc(2500) == (3, 3000)
+    assert [store.has(cid) for cid, _ in c] == [True, True, False, False, False]
+    assert store.gc(2000) == (0, 0)
+    assert store.total_bytes() == 2000
+
+
+def test_store_full_when_pinned_data_exceeds_max(root):
+    with ChunkStore(root, max_bytes=3500) as s:
+        c = [make(i) for i in range(4)]
+        s.pin(M1, [cid for cid, _ in c])
+        for cid, data in c[:3]:
+            s.put(cid, data)
+        cached, data = make(8, 500)
+        s.put(cached, data)
+        with pytest.raises(StoreFull):
+            s.put(*c[3])
+        with pytest.raises(StoreFull):
+            s.put(*make(9, 3501))
+        assert s.has(cached)  # a refused put evicts nothing in vain
+        assert s.missing([cid for cid, _ in c]) == [c[3][0]]
+        assert s.total_bytes() == 3500 and len(files(root)) == 4
+        s.unpin(M1)
+        assert s.put(*c[3]) is True and s.total_bytes() <= 3500
+
+
+def test_put_makes_room_by_gc(root):
+    with ChunkStore(root, max_bytes=3000) as s:
+        c = [make(i) for i in range(5)]
+        for cid, data in c[:3]:
+            s.put(cid, data)
+        s.pin(M1, [c[0][0]])
+        assert s.put(*c[3]) is True  # evicts c1: unpinned and least recently used
+        assert [s.has(cid) for cid, _ in c[:4]] == [True, False, True, True]
+        assert s.put(*make(7, 2000)) is True  # evicts c2 and c3
+        assert s.total_bytes() == 3000 and s.has(c[0][0])
+
+
+def test_corrupted_chunk_detected(store, root):
+    (a, da), (b, db) = make(1), make(2)
+    store.put(a, da)
+    store.put(b, db)
+    for cid in (a, b):
+        path = root / cid.hex()[:2] / cid.hex()
+        raw = bytearray(path.read_bytes())
+        raw[500] ^= 0x01
+        path.write_bytes(raw)
+    assert store.get(a) is None
+    assert not (root / a.hex()[:2] / a.hex()).exists()
+    assert not store.has(a) and store.missing([a, b]) == [a]
+    assert store.missing([a, b], verify=True) == [a, b]  # reads b, finds it corrupted too
+    assert files(root) == {} and store.total_bytes() == 0
+    assert store.put(a, da) is True and store.get(a) == da
+
+
+def test_failed_write_leaves_nothing(store, root, monkeypatch):
+    a, da = make(1)
+
+    def fail(src, dst):
+        raise OSError("disk on fire")
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError):
+        store.put(a, da)
+    monkeypatch.undo()
+    assert not store.has(a) and files(root) == {} and store.total_bytes() == 0
+    assert store.gc() == (0, 0)
+    assert store.put(a, da) is True and store.get(a) == da
+
+
+CRASH_AT = """
+import os, sys
+from meshd.services.shards.store import ChunkStore, chunk_id
+store = ChunkStore(sys.argv[1], max_bytes=1 << 30)
+replace = os.replace
+def crash(src, dst):
+    if sys.argv[2] == "after-rename":
+        replace(src, dst)
+    os._exit(3)
+os.replace = crash
+data = b"x" * 5000
+store.put(chunk_id(data), data)
+"""
+
+
+@pytest.mark.parametrize("point", ["before-rename", "after-rename"])
+def test_crash_inside_put(root, point):
+    cid, data = chunk_id(b"x" * 5000), b"x" * 5000
+    proc = subprocess.run([sys.executable, "-c", CRASH_AT, str(root), point], cwd=ROOT,
+                          capture_output=True)
+    assert proc.returncode == 3, proc.stderr.decode()
+    assert set(files(root)) == {cid.hex() + (".tmp" if point == "before-rename" else "")}
+    with ChunkStore(root, max_bytes=1 << 30) as s:
+        assert not any(name.endswith(".tmp") for name in files(root))
+        if point == "before-rename":
+            assert s.missing([cid]) == [cid] and s.total_bytes() == 0
+        else:
+            assert s.get(cid) == data and s.total_bytes() == 5000
+
+
+WRITER = """
+import os, stat, sys
+from meshd.services.shards.store import ChunkStore, chunk_id
+def say(line):
+    sys.stdout.write(line + "\\n")
+    sys.stdout.flush()
+# announce (not change) the file operations inside put, so the test can kill at each
+fsync, replace = os.fsync, os.replace
+def announced_fsync(fd):
+    say("@fsync-dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "@fsync-file")
+    fsync(fd)
+def announced_replace(src, dst):
+    say("@replace")
+    replace(src, dst)
+os.fsync, os.replace = announced_fsync, announced_replace
+store = ChunkStore(sys.argv[1], max_bytes=1 << 40)
+for i in range(100000):
+    data = os.urandom(1 + i * 7919 % (512 * 1024))
+    cid = chunk_id(data)
+    store.put(cid, data)
+    say(cid.hex())
+"""
+
+
+@pytest.mark.parametrize("kill_at", ["ack", "@fsync-file", "@replace", "@fsync-dir"])
+def test_acknowledged_chunks_survive_sigkill(root, kill_at):
+    """A writer is killed after 100 acknowledged puts, at the next ``kill_at`` (right after
+    an acknowledgement, or as put fsyncs the temp file, renames it, or fsyncs a folder)."""
+    child = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines, acks = [], 0
+    try:
+        while line := child.stdout.readline().decode().strip():
+            lines.append(line)
+            acks += FINAL.fullmatch(line) is not None
+            if acks >= 100 and (line == kill_at or kill_at == "ack" and line[0] != "@"):
+                break
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        lines += child.stdout.read().decode().split()  # printed before the kill
+        error = child.stderr.read().decode()
+        child.stdout.close()
+        child.stderr.close()
+    assert child.returncode == -signal.SIGKILL, error
+    acked = [bytes.fromhex(x) for x in lines if FINAL.fullmatch(x)]
+    assert len(acked) >= 100, error
+
+    # as the crash left it: whatever is under a final name is a whole chunk
+    on_disk = files(root)
+    for name, path in on_disk.items():
+        if FINAL.fullmatch(name):
+            assert chunk_id(path.read_bytes()).hex() == name
+        else:
+            assert name.endswith(".tmp")
+    with ChunkStore(root, max_bytes=1 << 40) as s:
+        on_disk = files(root)
+        assert all(FINAL.fullmatch(name) for name in on_disk)  # temp files cleaned on open
+        assert s.missing(acked) == []
+        assert all(s.get(cid) is not None for cid in acked)
+        assert s.total_bytes() == sum(p.stat().st_size for p in on_disk.values())
+        assert s.missing([bytes.fromhex(name) for name in on_disk]) == []
+        more, data = make(1)
+        assert s.put(more, data) is True
