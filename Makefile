@@ -4,13 +4,21 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test bench bench-dht bench-crdt bench-shards clean coturn nftables
+.PHONY: demo test unit lint bench bench-dht bench-crdt bench-shards clean coturn nftables
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
 
-test: $(STAMP) coturn nftables
+test: $(STAMP) coturn nftables lint
 	$(VENV)/bin/python -m pytest -q
+
+# The fast layer alone: no sockets, no processes, under a minute.
+unit: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests/unit
+
+# Layers point down, services stay apart, no import cycles (contracts in pyproject.toml).
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/rpc.py

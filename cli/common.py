@@ -45,7 +45,21 @@ def command_adder(subparsers, common: argparse.ArgumentParser) -> AddCommand:
 
 
 def command_group(subparsers, common: argparse.ArgumentParser, name: str, help: str,
-                  description: str | None = None) -> AddCommand:
-    """Command ``name`` with subcommands of its own; returns their :func:`command_adder`."""
-    group = subparsers.add_parser(name, help=help, parents=[common], description=description)
+                  description: str | None = None, aliases: tuple[str, ...] = ()) -> AddCommand:
+    """Command ``name`` (also called ``aliases``) with subcommands of its own;
+    returns their :func:`command_adder`."""
+    group = subparsers.add_parser(name, help=help, parents=[common], description=description,
+                                  aliases=list(aliases))
     return command_adder(group.add_subparsers(dest=f"{name}_command", required=True), common)
+
+
+def rows_table(title: str, rows: list[dict], columns: list[str]):
+    """A rich table of ``rows`` (dicts) with ``columns``; a missing value shows as "-"."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("-" if row.get(c) is None else str(row.get(c)) for c in columns))
+    return table

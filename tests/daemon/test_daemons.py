@@ -32,7 +32,7 @@ from meshd.config import CONFIG_FILE
 from meshd import Config
 from meshd.control import SOCKET_FILE
 from meshd.identity import KEY_FILE, Identity, PeerId, load_identity
-from meshd.testing.localmesh import Daemon, wait_until
+from meshd.testing.localmesh import Daemon, DaemonError, wait_until
 from meshd.rpc.framed import Framed
 from meshd.rpc.protocol import ERROR
 from meshd.wire import pack
@@ -313,6 +313,35 @@ def test_meshctl_errors_are_one_line_with_exit_code_1(daemons, tmp_path):
 
     # The failures left the daemons serving.
     assert call(a, b, "ping", '"still-up"') == "still-up"
+
+
+def test_a_daemon_without_documents_and_shards_runs_and_says_they_are_off(daemons):
+    # [node] services leaves crdt and shards out: the node starts, its commands
+    # say in one line that the service is off, and the rest works as before.
+    a = daemons("a", config={"node": {"services": ["nat", "dht"]}})
+    b = daemons("b", bootstrap=[str(a.address)])
+    wait_until(lambda: b.peer_id in peer_ids(a), 10, "A to list B")
+    for command, service in ((["crdt", "ls"], "crdt"), (["shards", "ls"], "shards"),
+                             (["shard", "fetch", "gpt"], "shards")):
+        line = one_line_error(a.meshctl_raw(*command))
+        assert f"the {service} service is off on this node (add it to [node] services)" in line
+    status = a.meshctl("status")
+    assert status["crdt"] == "off" and status["shards"] == "off"
+    assert status["dht"]["mode"] in ("server", "client")
+    assert not any(m.startswith(("crdt.", "shards.")) for m in status["services"])
+    assert call(a, b, "ping", '"up"') == "up"
+    # A peer calling a method of the missing service gets UNKNOWN_METHOD, not a crash.
+    line = one_line_error(b.meshctl_raw("call", a.peer_id, "crdt.push", "{}"))
+    assert "crdt.push" in line
+
+
+def test_a_service_list_that_cannot_work_is_one_line_at_start(tmp_path):
+    for services, expected in ((["nat", "shards"], "shards needs dht"),
+                               (["dht", "gossip"], "unknown service 'gossip'")):
+        daemon = Daemon(tmp_path / services[1], config={"node": {"services": services}})
+        with pytest.raises(DaemonError) as failed:
+            daemon.start(timeout=20)
+        assert expected in str(failed.value)
 
 
 # --- 7: wrong key at an address -----------------------------------------------------

@@ -44,13 +44,13 @@ async def test_a_fetch_killed_halfway_resumes_with_what_is_missing(daemons, tmp_
         [b] = await start(daemons, ["b"], config=shared, bootstrap=[str(a.address)])
 
         out = tmp_path / "fetched.safetensors"
-        done = b.meshctl("shard", "fetch", "run42/gpt", "-o", str(out), timeout=60)
+        done = b.meshctl("shards", "fetch", "run42/gpt", "-o", str(out), timeout=60)
         assert done["done"] and done["id"] == published["id"]
         assert 0 < done["fetched_bytes"] <= published["bytes"] - first["have_bytes"]
         assert filecmp.cmp(source, out, shallow=False)
         human = b.meshctl_raw("shard", "fetch", "run42/gpt@1")  # the progress bar's path
         assert human.returncode == 0 and human.stdout.startswith("fetched run42/gpt@1 "), human
-        [kept] = b.meshctl("shard", "ls")
+        [kept] = b.meshctl("shards", "ls")  # the group's name; "shard" is its first one
         assert kept["present_bytes"] == kept["bytes"] and kept["name"] == "run42/gpt"
         collected = b.meshctl("shard", "gc", "--unpin", published["id"])
         assert collected["removed"] == published["chunks"] and collected["bytes"] == 0

@@ -130,3 +130,21 @@ async def test_a_failing_quic_state_machine_ends_its_connection_not_the_node(tmp
             await conn.terminated.wait()
         assert "internal error" in conn.close_reason
         assert await b.rpc.call(a.peer_id, "ping", "still here", timeout=5) == "still here"
+
+
+async def test_an_in_process_node_runs_only_the_services_it_picks(tmp_path):
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0", services=["dht"]) as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
+        assert list(a.services) == ["dht"]
+        assert a.off == ("nat", "crdt", "shards")
+        with pytest.raises(meshd.ServiceOff, match="the crdt service is off"):
+            a.service("crdt")
+        assert list(b.services) == list(meshd.SERVICES)  # every service by default, in start order
+        await b.connect(a.address)
+        # The core works without them; a peer asking for a missing service gets UNKNOWN_METHOD.
+        assert await b.rpc.call(a.peer_id, "ping", "up") == "up"
+        with pytest.raises(meshd.UnknownMethod):
+            await b.rpc.call(a.peer_id, "crdt.push", {})
+        # Without the nat service there is no relay route to offer.
+        with pytest.raises(meshd.ServiceOff, match="the nat service is off"):
+            await a.connect_via(b.peer_id, b.peer_id)

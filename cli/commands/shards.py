@@ -1,4 +1,4 @@
-"""``meshctl shard ...``: publish, fetch, list and collect models.
+"""``meshctl shards ...`` (or ``shard``): publish, fetch, list and collect models.
 
 REF is NAME, NAME@VERSION, NAME@latest or a model id (64 hex digits); names
 resolve in the registry document (``shards.registry`` in the config).
@@ -14,7 +14,7 @@ from rich.table import Table
 
 import meshd
 
-from .common import command_group
+from ..common import command_group
 
 console = Console(stderr=True)
 out = Console()
@@ -34,17 +34,24 @@ async def cmd_fetch(client: meshd.Client, args) -> object:
     """Pull REF, with a progress bar on stderr (unless --json), and write -o FILE."""
     final: dict = {}
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress("[progress.description]{task.description}", *columns, console=console,
-                  disable=args.json, transient=True) as bar:
-        task = bar.add_task(args.ref, total=None)
+    bar = None  # shown from the first progress item, so an early error stays one line
+    try:
         async with client.fetch_model(args.ref, args.output) as items:
             async for item in items:
                 if item.get("done"):
                     final = item
                     break
+                if bar is None:
+                    bar = Progress("[progress.description]{task.description}", *columns, console=console,
+                                   disable=args.json, transient=True)
+                    bar.start()
+                    task = bar.add_task(args.ref, total=None)
                 providers = sum(1 for p in item["providers"].values() if p["state"] == "fetching")
                 bar.update(task, total=item["total_bytes"], completed=item["have_bytes"],
                            description=f"{args.ref} from {providers} providers")
+    finally:
+        if bar is not None:
+            bar.stop()
     return final, lambda: out.print(
         f"fetched {_model_line(final)}" + (f" -> {final['out']}" if final.get("out") else ""), highlight=False)
 
@@ -70,8 +77,9 @@ async def cmd_gc(client: meshd.Client, args) -> object:
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    """The ``shard`` command and its subcommands."""
-    add = command_group(sub, common, "shard", "models: publish, fetch, list, collect", __doc__)
+    """The ``shards`` command (also ``shard``, its first name) and its subcommands."""
+    add = command_group(sub, common, "shards", "models: publish, fetch, list, collect", __doc__,
+                        aliases=("shard",))
 
     p = add("publish", cmd_publish, "publish a .safetensors file")
     p.add_argument("file")

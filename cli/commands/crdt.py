@@ -18,7 +18,7 @@ from rich.table import Table
 import meshd
 from meshd.client.crdt import split_path
 
-from .common import command_group
+from ..common import command_group
 
 console = Console()
 
