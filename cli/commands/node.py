@@ -26,10 +26,19 @@ async def cmd_status(client: meshd.Client, args) -> object:
     def show() -> None:
         table = Table(show_header=False, box=None)
         for key, value in result.items():
-            table.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
+            table.add_row(key, _shown(value))
         console.print(table)
 
     return result, show
+
+
+def _shown(value: object) -> str:
+    """A status value on one line: lists joined, a service's dict as ``key value, ...``."""
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return str(value)
 
 
 async def cmd_peers(client: meshd.Client, args) -> object:

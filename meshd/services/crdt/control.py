@@ -23,9 +23,9 @@ from __future__ import annotations
 from crdt.change import ChangeError
 from crdt.document import ANYONE, Transaction
 
-from ...identity import PeerId, PeerIdError
+from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound, ResourceExhausted, RpcError
-from ...rpc.args import field
+from ...rpc.args import field, to_peer
 from .replica import WATCH_BUFFER, DocError, Replica, plain
 
 _MAX_OPS = 10_000
@@ -101,7 +101,7 @@ def control_methods(docs, me: PeerId) -> dict:
     async def sync(arg, ctx):
         replica = replica_of(arg)
         if arg.get("peer"):
-            return {arg["peer"]: await docs.sync(replica, _peer(arg["peer"]))}
+            return {arg["peer"]: await docs.sync(replica, to_peer(arg["peer"]))}
         results = {}
         for peer in list(replica.peers):  # every known replica; one that fails says why
             try:
@@ -125,12 +125,13 @@ def control_methods(docs, me: PeerId) -> dict:
 
 
 def _peer(text: object) -> PeerId:
+    """The PeerId an operation names (``"anyone"`` for every reader); ChangeError if none."""
     if text == "anyone":
         return PeerId(ANYONE)
     try:
-        return PeerId.from_string(text)
-    except (PeerIdError, AttributeError, TypeError) as exc:
-        raise ChangeError(f"not a PeerId: {text!r} ({exc})") from None
+        return to_peer(text)
+    except InvalidArgument as exc:
+        raise ChangeError(f"{exc.message}: {text!r}") from None
 
 
 def _record(tx: Transaction, entries: list) -> None:

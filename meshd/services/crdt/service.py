@@ -38,6 +38,7 @@ from dht.ratelimit import RateLimiter
 
 from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, RpcError, Unavailable
+from ...rpc.args import field
 from ...service import Host, Method
 from .config import CrdtSection
 from .control import control_methods
@@ -301,9 +302,7 @@ class Crdt:
 
     def _readable(self, arg: object, peer: PeerId) -> Replica:
         """The replica a peer's ``{doc: id, ...}`` names, if we keep it and the peer may read it."""
-        if not isinstance(arg, dict) or not isinstance(arg.get("doc"), bytes):
-            raise InvalidArgument("expected {doc: id, ...}")
-        replica = self._replicas.get(arg["doc"])
+        replica = self._replicas.get(field(arg, "doc", bytes))
         if replica is None:
             raise NotFound("this node does not keep that document")
         if not replica.doc.acl.may_read(peer.key):
