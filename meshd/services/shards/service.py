@@ -109,6 +109,15 @@ class Shards:
         self.fetches: dict[bytes, Progress] = {}
         self._lane = LaneServer(host, self._read) if config.lane else None
 
+    @property
+    def host(self) -> Host:
+        """The node this service runs on (what a fetch uses to reach providers)."""
+        return self._node
+
+    @property
+    def lane_enabled(self) -> bool:
+        return self._lane is not None
+
     def rpc_methods(self) -> dict:
         methods = {"shards.manifest": self._serve_manifest, "shards.chunks": self._serve_chunks}
         if self._lane is not None:
@@ -379,7 +388,7 @@ class _Download:
         Chunks come over the peer's bulk lane when it has a direct path and
         serves one, else (or once the lane fails) over QUIC."""
         stats = self.progress.providers.setdefault(str(peer), {"bytes": 0, "mb_s": 0.0, "state": "fetching"})
-        lane = await open_lane(self.shards._node, peer) if self.shards._config.lane else None
+        lane = await open_lane(self.shards.host, peer) if self.shards.lane_enabled else None
         stats["path"] = "lane" if lane else "quic"
         rate, batch_size = 0.0, _FIRST_BATCH
         try:
@@ -457,7 +466,7 @@ class _Download:
     async def _pull(self, peer: PeerId, batch: list[bytes], stats: dict) -> int:
         """Stream ``batch`` from ``peer``, storing each verified chunk; returns how many
         it sent before the first it lacks.  ChunkError if one does not verify."""
-        rpc = self.shards._node.rpc
+        rpc = self.shards.host.rpc
         async with self._writing(stats) as (send, stored):
             async with rpc.stream(peer, "shards.chunks", {"model": self.manifest.id, "ids": batch},
                                   timeout=_CALL_TIMEOUT) as stream:
