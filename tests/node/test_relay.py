@@ -107,7 +107,7 @@ async def test_a_circuit_ends_at_its_byte_limit(tmp_path):
             with pytest.raises(meshd.RpcError):
                 await x.rpc.call(n.peer_id, "echo", b"z" * (1 << 20), timeout=10)
             await conn.terminated.wait()  # the relay cut the circuit; the connection died with it
-            assert r.service("nat").relay.reservations[n.peer_id].circuits == 0
+            assert r.service("nat").relay.status()["serving"][str(n.peer_id)]["circuits"] == 0
             # and the peers reconnect through a new circuit
             await x.service("nat").relay.dial_via(r.peer_id, n.peer_id)
             assert (await x.rpc.call(n.peer_id, "echo", "again"))["arg"] == "again"

@@ -17,7 +17,8 @@ describes wins by numbers instead:
   ``Endpoint.attach_path``) and closes the others.
 
 Everything is bounded (sockets, probes, seconds); when it does not work out
-the relayed connection stays.
+the relayed connection stays.  Roles, admission, the numbers and the probe
+schedule are :mod:`nat.portprobe`'s; this module does the I/O.
 """
 
 from __future__ import annotations
@@ -28,54 +29,37 @@ import socket
 import trio
 
 from nat.behaviour import Mapping
+from nat.portprobe import (DIAL_TIMEOUT, HARD_PORTS, HIT_WAIT, ProbeAdmission, parse_open_ports,
+                           parse_probe, probe_batches, probe_ports, role)
 from nat.stun import binding_request
 
 from ...address import HostPort
 from ...identity import PeerId
-from ...rpc import InvalidArgument, ResourceExhausted, RpcError
-from ...rpc.args import hostport_field
+from ...rpc import RpcError
 from ...service import Host
 from ...transport import DialError, PeerConnection, set_when_terminated
+from .errors import parse_hostport, rpc_errors
 from .stun import NodeStun
 
 log = logging.getLogger("meshd.portprobe")
-
-HARD_PORTS = 256
-EASY_PROBES = 2048
-PROBE_BATCH = 64  # probes sent between two short pauses
-PROBE_GAP = 0.005
-HIT_WAIT = 5.0  # seconds the hard side listens for a probe
-DIAL_TIMEOUT = 5.0
-ASK_INTERVAL = 30.0  # seconds between probing requests served for one peer
-
-EASY = {Mapping.NO_NAT, Mapping.ENDPOINT_INDEPENDENT}
-HARD = {Mapping.ENDPOINT_DEPENDENT, Mapping.ADDRESS_DEPENDENT, Mapping.ADDRESS_AND_PORT_DEPENDENT}
 
 
 class PortProber:
     """Both sides of port-prediction probing on one node."""
 
-    def __init__(self, host: Host, stun: NodeStun):
+    def __init__(self, host: Host, stun: NodeStun, rng: random.Random | None = None):
         self._node = host
         self._stun = stun
-        self._last_asked: dict[PeerId, float] = {}
+        self._rng = rng or random.Random()
+        self._admission = ProbeAdmission()
 
     def rpc_methods(self) -> dict:
         return {"punch.open_ports": self._serve_open_ports, "punch.probe": self._serve_probe}
 
     def _admit(self, ctx) -> None:
-        """Serve only peers we reach through a relay, once per ``ASK_INTERVAL`` each.
-
-        Both requests make us send hundreds of packets: they must not become a
-        way to aim traffic at others.
-        """
-        if ctx.info.get("path") != "relayed":
-            raise InvalidArgument("port probing is asked for over a relayed connection")
-        now = trio.current_time()
-        last = self._last_asked.get(ctx.peer)
-        if last is not None and now - last < ASK_INTERVAL:
-            raise ResourceExhausted(f"one port-probing request per {ASK_INTERVAL:g} s")
-        self._last_asked[ctx.peer] = now
+        """Serve only peers we reach through a relay, once per ``ASK_INTERVAL`` each."""
+        with rpc_errors():
+            self._admission.admit(ctx.peer, ctx.info.get("path"), trio.current_time())
 
     def my_mapping(self) -> Mapping:
         report = self._stun.mapping
@@ -92,7 +76,8 @@ class PortProber:
         mine, my_public = self.my_mapping(), self.my_public()
         if my_public is None:
             return None
-        if mine in HARD and theirs in EASY:
+        side = role(mine, theirs)
+        if side == "hard":
             sockets = self._open_ports(their_public)
             try:
                 await self._node.rpc.call(peer, "punch.probe", {"ip": my_public.host}, timeout=10)
@@ -101,7 +86,7 @@ class PortProber:
                 log.info("port probing with %s: %s", peer, exc)
                 return None
             return await self._dial_on_hit(peer, sockets, their_public)
-        if mine in EASY and theirs in HARD:
+        if side == "easy":
             try:
                 await self._node.rpc.call(peer, "punch.open_ports", {"addr": str(my_public)}, timeout=10)
             except RpcError as exc:
@@ -115,7 +100,8 @@ class PortProber:
 
     async def _serve_open_ports(self, arg: object, ctx) -> None:
         self._admit(ctx)
-        easy = hostport_field(arg, "addr")
+        with rpc_errors():
+            easy = parse_hostport(parse_open_ports(arg))
         sockets = self._open_ports(easy)  # before we answer: the probes come right after
         self._node.spawn(self._dial_on_hit, ctx.peer, sockets, easy)
 
@@ -168,9 +154,9 @@ class PortProber:
 
     async def _serve_probe(self, arg: object, ctx) -> None:
         self._admit(ctx)
-        if not isinstance(arg, dict) or not isinstance(arg.get("ip"), str):
-            raise InvalidArgument('expected {"ip": HARD_SIDE_PUBLIC_IP}')
-        self._node.spawn(self._probe, arg["ip"])
+        with rpc_errors():
+            ip = parse_probe(arg)
+        self._node.spawn(self._probe, ip)
 
     async def _probe(self, ip: str) -> None:
         """``EASY_PROBES`` packets from our QUIC socket to random ports of ``ip``."""
@@ -179,11 +165,10 @@ class PortProber:
             target_ip = (await endpoint.resolve(ip, 1))[0]
         except DialError:
             return
-        ports = random.sample(range(1024, 65536), EASY_PROBES)
-        for i, port in enumerate(ports, 1):
-            endpoint.send_datagram(binding_request().encode(), (target_ip, port))
-            if i % PROBE_BATCH == 0:
-                await trio.sleep(PROBE_GAP)
+        for ports, gap in probe_batches(probe_ports(self._rng)):
+            for port in ports:
+                endpoint.send_datagram(binding_request().encode(), (target_ip, port))
+            await trio.sleep(gap)
 
     async def _wait_for_direct(self, peer: PeerId) -> PeerConnection | None:
         with trio.move_on_after(HIT_WAIT + DIAL_TIMEOUT):

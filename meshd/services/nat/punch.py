@@ -13,7 +13,8 @@ public X is reached whatever NAT N is behind.  Bounded tries; the relay stays
 the fallback (reserved, and dialed again if the direct path dies).
 
 Public addresses come from STUN (``NodeStun``): the reflexive addresses
-peers and servers reported.  Behind a symmetric NAT those do not predict the
+peers and servers reported.  The method, the addresses and the burst schedule
+are :mod:`nat.punch`'s; this module does the I/O.  Behind a symmetric NAT those do not predict the
 mapping used towards a new peer, and punching fails, as expected.
 """
 
@@ -24,25 +25,22 @@ from typing import Callable
 
 import trio
 
-from nat.behaviour import Mapping
+from nat.portprobe import relayed_only
+from nat.punch import (DIAL_TIMEOUT, TRIES, burst, choose_method, mapping_of, parse_addresses,
+                       public_addresses, wait_before_dial)
 from nat.stun import binding_request
 
-from ...address import AddressError, HostPort
+from ...address import HostPort
 from ...identity import PeerId
-from ...rpc import InvalidArgument, RpcError
+from ...rpc import RpcError
 from ...service import Host
 from ...transport import DialError, PeerConnection
+from .errors import bad_reply, parse_hostport, rpc_errors
 from .portmap import PortMapper
-from .portprobe import HARD, PortProber
+from .portprobe import PortProber
 from .stun import NodeStun
 
 log = logging.getLogger("meshd.punch")
-
-BURST = 10  # packets per address
-BURST_GAP = 0.02  # seconds between them
-TRIES = 3
-DIAL_TIMEOUT = 3.0
-_MAX_ADDRS = 8
 
 
 class HolePuncher:
@@ -60,21 +58,17 @@ class HolePuncher:
         return {"punch.exchange": self._serve_exchange, **self._prober.rpc_methods()}
 
     def public_addresses(self) -> list[str]:
-        """Where others may reach our socket: STUN's reflexive addresses, then our listen address."""
+        """Where others may reach our socket: port mapping, STUN's reflexive addresses, listen address."""
         mapped = self._portmap.mapped
-        seen = ([str(mapped)] if mapped else []) + list(self._stun.reflexive.values())
-        seen = list(dict.fromkeys(seen))
-        listen = str(self._node.listen_address)
-        if not listen.startswith(("0.0.0.0", "[::]")):
-            seen.append(listen)
-        return seen[:_MAX_ADDRS]
+        return public_addresses(str(mapped) if mapped else None, self._stun.reflexive.values(),
+                                str(self._node.listen_address))
 
     async def _serve_exchange(self, arg: object, ctx) -> dict:
         # Only peers we reach through a relay may ask, so a burst (at most
-        # BURST x _MAX_ADDRS packets) is never aimed at a stranger's behalf.
-        if ctx.info.get("path") != "relayed":
-            raise InvalidArgument("hole punching is asked for over a relayed connection")
-        theirs = _addresses(arg)
+        # BURST x MAX_ADDRS packets) is never aimed at a stranger's behalf.
+        with rpc_errors():
+            relayed_only(ctx.info.get("path"), "hole punching")
+            theirs = _addresses(arg)
         self._node.spawn(self._attempt, ctx.peer, theirs)
         return {"addrs": self.public_addresses(), "mapping": self._prober.my_mapping().value}
 
@@ -95,17 +89,18 @@ class HolePuncher:
                 reply = await self._node.rpc.call(
                     peer, "punch.exchange", {"addrs": self.public_addresses()}, timeout=10
                 )
+                with bad_reply(peer, "punch.exchange"):
+                    theirs = _addresses(reply)
             except RpcError as exc:
                 log.info("punch %s: exchange failed: %s", peer, exc)
                 return None
-            theirs = _addresses(reply)
-            method = _method(self._prober.my_mapping(), _mapping(reply))
+            method = choose_method(self._prober.my_mapping(), mapping_of(reply))
             if method is None or not theirs:
                 log.info("punch %s: both sides symmetric (or no address): staying relayed", peer)
                 return None
             if method == "probe":
-                return await self._prober.run(peer, _mapping(reply), theirs[0])
-            await trio.sleep((trio.current_time() - start) / 2)  # N began when it answered
+                return await self._prober.run(peer, mapping_of(reply), theirs[0])
+            await trio.sleep(wait_before_dial(start, trio.current_time()))  # N began when it answered
             conn = await self._attempt(peer, theirs)
             if conn is not None:
                 conn.path = "punched"
@@ -162,36 +157,12 @@ class HolePuncher:
                 targets.append(await endpoint.resolve(hostport.host, hostport.port))
             except DialError:
                 continue
-        for _ in range(BURST):
-            for target in targets:
+        for round_targets, gap in burst(targets):
+            for target in round_targets:
                 endpoint.send_datagram(binding_request().encode(), target)
-            await trio.sleep(BURST_GAP)
-
-
-def _mapping(reply: object) -> Mapping:
-    try:
-        return Mapping(reply.get("mapping")) if isinstance(reply, dict) else Mapping.UNKNOWN
-    except ValueError:
-        return Mapping.UNKNOWN
-
-
-def _method(mine: Mapping, theirs: Mapping) -> str | None:
-    """"punch", "probe", or None (no method can work) for these two mapping kinds."""
-    hard = (mine in HARD) + (theirs in HARD)
-    if hard == 2:
-        return None
-    if hard == 1 and Mapping.ENDPOINT_INDEPENDENT in (mine, theirs):
-        return "probe"
-    return "punch"
+            await trio.sleep(gap)
 
 
 def _addresses(arg: object) -> list[HostPort]:
-    if not isinstance(arg, dict) or not isinstance(arg.get("addrs"), list):
-        raise InvalidArgument('expected {"addrs": [HOST:PORT, ...]}')
-    out = []
-    for text in arg["addrs"][:_MAX_ADDRS]:
-        try:
-            out.append(HostPort.parse(text))
-        except (AddressError, TypeError, AttributeError):
-            raise InvalidArgument(f"bad address {text!r}") from None
-    return out
+    """The addresses of an exchange request or reply; Malformed if any is not HOST:PORT."""
+    return [parse_hostport(text) for text in parse_addresses(arg)]

@@ -14,22 +14,27 @@ Roles, as in libp2p's circuit relay v2:
   ``path`` is "relayed".
 
 Limits are per reservation (lifetime, circuits at once, bytes and duration
-per circuit) and per relay (reservations held); all are in ``[relay]``.
+per circuit) and per relay (reservations held); all are in ``[relay]``.  The
+books (reservations, circuits, byte budgets, a relay's reply checked) are
+:mod:`nat.relay`'s; this module does the I/O.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass
 import trio
 
+from nat.relay import ByteBudget, HeldReservations, RelayLimits, Reservations, parse_limits
+
 from ...identity import PeerId
-from ...rpc import Channel, NotFound, PermissionDenied, ResourceExhausted, Unavailable
+from ...rpc import Channel, PermissionDenied, Unavailable
 from ...rpc.args import peer_field
 from ...service import Host, Method
 from ...streams import StreamAborted
 from ...transport import DialError, PeerConnection, set_when_terminated
 from .config import RelaySection
+from .errors import bad_reply, rpc_errors
 
 log = logging.getLogger("meshd.relay")
 
@@ -37,20 +42,19 @@ _OPEN = {"circuit": "open"}
 _QUEUE = 256  # datagrams waiting to enter a tunnel; beyond that they are dropped, as UDP would
 
 
-@dataclass
-class Reservation:
-    expires: float  # trio clock
-    circuits: int = 0
+def relay_limits(config: RelaySection) -> RelayLimits:
+    """What the ``[relay]`` section offers, less ``reserve_at_bootstrap``."""
+    return RelayLimits(**{f.name: getattr(config, f.name) for f in dataclasses.fields(RelayLimits)})
 
 
 class Relay:
-    """All three relay roles of one node."""
+    """All three relay roles of one node; the books are :mod:`nat.relay`'s."""
 
     def __init__(self, host: Host, config: RelaySection):
         self._node = host
         self.config = config
-        self.reservations: dict[PeerId, Reservation] = {}  # held here, as a relay
-        self.reserved_at: dict[PeerId, float] = {}  # relays holding ours -> expiry (trio clock)
+        self.reservations = Reservations(relay_limits(config))  # held here, as a relay
+        self.reserved_at = HeldReservations()  # relays holding ours (trio clock)
 
     def rpc_methods(self) -> dict:
         return {"relay.reserve": self._serve_reserve,
@@ -63,64 +67,46 @@ class Relay:
         """Ask ``relay`` to carry connections to us; returns its limits.
 
         Raises the relay's RpcError: PERMISSION_DENIED when relaying is off
-        there, RESOURCE_EXHAUSTED when it is full.
+        there, RESOURCE_EXHAUSTED when it is full; UNAVAILABLE when its
+        answer is malformed.
         """
-        limits = await self._node.rpc.call(relay, "relay.reserve", None, timeout=10)
-        self.reserved_at[relay] = trio.current_time() + float(limits["ttl"])
+        reply = await self._node.rpc.call(relay, "relay.reserve", None, timeout=10)
+        with bad_reply(relay, "relay.reserve"):
+            limits = parse_limits(reply)
+        self.reserved_at.held(relay, limits["ttl"], trio.current_time())
         log.info("relay %s holds a reservation for us (%s s)", relay, limits["ttl"])
         return limits
 
     def status(self) -> dict:
         """Reservations held here (as a relay) and ours at other relays, with seconds left."""
         now = trio.current_time()
-        self._expire(now)
         return {
-            "enabled": self.config.enabled,
-            "serving": {str(p): {"circuits": r.circuits, "expires_in": round(r.expires - now)}
-                        for p, r in self.reservations.items()},
-            "reserved_at": {str(p): round(t - now) for p, t in self.reserved_at.items() if t > now},
+            "enabled": self.reservations.limits.enabled,
+            "serving": self.reservations.status(now),
+            "reserved_at": self.reserved_at.status(now),
         }
 
     # --- relay -----------------------------------------------------------------
 
     async def _serve_reserve(self, arg: object, ctx) -> dict:
-        cfg = self.config
-        if not cfg.enabled:
-            raise PermissionDenied("this node does not relay (set [relay] enabled = true)")
-        now = trio.current_time()
-        self._expire(now)
-        if ctx.peer not in self.reservations and len(self.reservations) >= cfg.max_reservations:
-            raise ResourceExhausted(f"relay is full ({cfg.max_reservations} reservations)")
-        held = self.reservations.setdefault(ctx.peer, Reservation(now))
-        held.expires = now + cfg.reservation_ttl
-        return {"ttl": cfg.reservation_ttl, "max_circuits": cfg.max_circuits,
-                "circuit_bytes": cfg.circuit_bytes, "circuit_seconds": cfg.circuit_seconds}
-
-    def _expire(self, now: float) -> None:
-        for peer in [p for p, r in self.reservations.items() if r.expires <= now]:
-            del self.reservations[peer]
+        with rpc_errors():
+            return self.reservations.reserve(ctx.peer, trio.current_time())
 
     async def _serve_connect(self, channel: Channel, ctx) -> None:
         target = peer_field(channel.arg)
-        self._expire(trio.current_time())
-        held = self.reservations.get(target)
-        if held is None or self._node.live(target) is None:
-            raise NotFound(f"no reservation for {target} here")
-        if held.circuits >= self.config.max_circuits:
-            raise ResourceExhausted(f"{target} has {held.circuits} circuits open, the most allowed")
-        held.circuits += 1
-        try:
+        with rpc_errors():
+            circuit = self.reservations.open_circuit(
+                target, trio.current_time(), connected=self._node.live(target) is not None)
+        with circuit:
             async with self._node.rpc.bidi(target, "relay.incoming", {"peer": str(ctx.peer)}) as out:
                 await channel.send(_OPEN)  # the dialer starts tunnelling only after this
-                with trio.move_on_after(self.config.circuit_seconds):
-                    await _splice(channel, out, self.config.circuit_bytes)
-        finally:
-            held.circuits -= 1
+                with trio.move_on_after(circuit.seconds):
+                    await _splice(channel, out, circuit.budget)
 
     # --- target: accept a circuit ---------------------------------------------
 
     async def _serve_incoming(self, channel: Channel, ctx) -> None:
-        if ctx.peer not in self.reserved_at:
+        if not self.reserved_at.holds(ctx.peer):
             raise PermissionDenied("we hold no reservation at this relay")
         log.info("relayed circuit from %s via %s", peer_field(channel.arg), ctx.peer)
         await self._tunnel(channel, ready=None)
@@ -210,17 +196,14 @@ async def _pump_out(queued: trio.MemoryReceiveChannel, channel: Channel, scope: 
         scope.cancel()
 
 
-async def _splice(a: Channel, b: Channel, byte_limit: int) -> None:
-    """Copy items both ways until either side ends or ``byte_limit`` bytes have passed."""
-    carried = 0
+async def _splice(a: Channel, b: Channel, budget: ByteBudget) -> None:
+    """Copy items both ways until either side ends or ``budget`` says no."""
 
     async def copy(src: Channel, dst: Channel, scope: trio.CancelScope) -> None:
-        nonlocal carried
         try:
             async for item in src:
-                carried += len(item) if isinstance(item, bytes) else 0
-                if carried > byte_limit:
-                    log.info("circuit closed at its %d-byte limit", byte_limit)
+                if not budget.carry(len(item) if isinstance(item, bytes) else 0):
+                    log.info("circuit closed at its %d-byte limit", budget.limit)
                     break
                 await dst.send(item)
         except (Unavailable, StreamAborted, trio.ClosedResourceError):

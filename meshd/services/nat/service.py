@@ -14,6 +14,9 @@ import math
 
 import trio
 
+from nat.autonat import FILTERING
+from nat.relay import renew_after
+
 from ...address import HostPort, plain_address
 from ...identity import PeerId, PeerIdError
 from ...peerstore import PeerRecord
@@ -30,13 +33,6 @@ from .relay import Relay
 from .stun import NodeStun
 
 log = logging.getLogger("meshd.nat")
-
-# What AutoNAT's third-party dial-back says about the NAT's filtering (RFC 4787 terms).
-_FILTERING = {
-    "public": "endpoint-independent (strangers reach us)",
-    "private": "address-dependent or stricter",
-    "unknown": None,
-}
 
 
 class Nat:
@@ -81,7 +77,8 @@ class Nat:
             task_status.started()
 
     def status(self) -> dict:
-        return {"reachability": self.autonat.status, "relay_reservations": len(self.relay.reserved_at),
+        return {"reachability": self.autonat.status,
+                "relay_reservations": len(self.relay.status()["reserved_at"]),
                 "serving_reservations": len(self.relay.reservations)}
 
     def close(self) -> None:
@@ -142,7 +139,8 @@ class Nat:
 
     async def _keep_reserved(self, relay: PeerId) -> None:
         """Hold a relay reservation at a bootstrap peer whenever we are connected
-        to it: reserve, renew at 80 % of its lifetime, reserve again after a reconnect."""
+        to it: reserve, renew before it lapses (``nat.relay.renew_after``), reserve
+        again after a reconnect."""
         while True:
             await self._host.wait_connected(relay)
             conn = self._host.live(relay)
@@ -158,7 +156,7 @@ class Nat:
         except RpcError as exc:
             log.debug("no relay reservation at %s: %s", relay, exc)
             return math.inf
-        return float(limits["ttl"]) * 0.8
+        return renew_after(limits["ttl"])
 
     # --- what meshctl shows ----------------------------------------------------------
 
@@ -186,7 +184,7 @@ class Nat:
             "reachability": self.autonat.status,
             "reachability_address": self.autonat.address,
             "reachability_via": self.autonat.via,
-            "filtering": _FILTERING[self.autonat.status],
+            "filtering": FILTERING[self.autonat.status],
             "hairpinning": self.stun.hairpinning,
             "relay_reservations": self.relay.status()["reserved_at"],
         }
