@@ -22,11 +22,12 @@ from .node import Node
 from .service import Service
 from .services.crdt import Crdt, CrdtSection
 from .services.dht import Dht, DhtSection
+from .services.learning import Learning, LearningSection
 from .services.nat import Nat, NatSection, RelaySection
 from .services.shards import Shards, ShardsSection
 
-SERVICES = ("nat", "dht", "crdt", "shards")
-NEEDS = {"crdt": ("dht",), "shards": ("dht", "crdt")}
+SERVICES = ("nat", "dht", "crdt", "shards", "learning")
+NEEDS = {"crdt": ("dht",), "shards": ("dht", "crdt"), "learning": ("dht",)}
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Config(CoreConfig):
     dht: DhtSection = field(default_factory=DhtSection)
     crdt: CrdtSection = field(default_factory=CrdtSection)
     shards: ShardsSection = field(default_factory=ShardsSection)
+    learning: LearningSection = field(default_factory=LearningSection)
 
 
 def check_services(names: Sequence[str]) -> list[str]:
@@ -70,6 +72,8 @@ def build_services(host: Node, config: Config, names: Sequence[str]) -> list[Ser
         built.append(crdt)
     if "shards" in names:
         built.append(Shards(host, config.shards, providers=dht.node, documents=crdt))
+    if "learning" in names:
+        built.append(Learning(host, config.learning, providers=dht.node))
     return built
 
 

@@ -1,0 +1,16 @@
+"""Training across peers, sans-IO: the math and the round logic, no sockets, no clock.
+
+* :mod:`learn.tensors`: tensors to raw bytes and back (no numpy, no pickle);
+* :mod:`learn.encoded`, :mod:`learn.compress`: codecs none, fp16, bf16,
+  blockwise int8 and int4, with error feedback;
+* :mod:`learn.wire`: named tensors as bounded frames, signed contributions;
+* :mod:`learn.merge`: gossip merge rules (mean, variance corrected, conservative);
+* :mod:`learn.robust`: mean, trimmed mean, centered clipping;
+* :mod:`learn.outer`: DiLoCo's Nesterov outer step and the state hash;
+* :mod:`learn.fragments`: Streaming DiLoCo's fragments and schedule;
+* :mod:`learn.group`, :mod:`learn.gossip`, :mod:`learn.allreduce`: the
+  membership view, adaptive timeouts, gossip rounds, the all-reduce's slices;
+* :mod:`learn.simnet`: many members in one process.
+
+meshd's service ``learning`` is the shell that moves these over the network.
+"""

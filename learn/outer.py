@@ -1,0 +1,47 @@
+"""DiLoCo's outer step, and the hash that shows every member holds the same state.
+
+:class:`OuterSGD` is SGD with Nesterov momentum on the averaged
+pseudo-gradient, in float32, written out so that its result depends only on
+its inputs (the same as ``torch.optim.SGD(nesterov=True)`` step for step).
+"""
+
+from __future__ import annotations
+
+import blake3
+import torch
+
+from .tensors import dtype_name, tensor_bytes
+
+
+class OuterSGD:
+    """θ ← θ − lr·(Δ + μ·b) with b ← μ·b + Δ (Nesterov), per named tensor."""
+
+    def __init__(self, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True):
+        self.lr, self.mu, self.nesterov = lr, momentum, nesterov
+        self.momentum: dict[str, torch.Tensor] = {}
+
+    def step(self, theta: dict[str, torch.Tensor], delta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The new θ for the entries of ``delta`` (θ and Δ float32)."""
+        out = {}
+        for name in sorted(delta):
+            d = delta[name].float()
+            buf = self.momentum.get(name)
+            buf = d.clone() if buf is None else buf.mul(self.mu).add_(d)
+            self.momentum[name] = buf
+            update = d.add(buf, alpha=self.mu) if self.nesterov else buf
+            out[name] = theta[name].float().sub(update, alpha=self.lr)
+        return out
+
+
+def state_hash(*states: dict[str, torch.Tensor]) -> bytes:
+    """blake3 of the states: per state, each entry in name order with its name,
+    dtype, shape and bytes.  Equal exactly when every bit is."""
+    hasher = blake3.blake3()
+    for state in states:
+        hasher.update(len(state).to_bytes(4, "little"))
+        for name in sorted(state):
+            tensor = state[name]
+            header = f"{name}\0{dtype_name(tensor.dtype)}\0{tuple(tensor.shape)}\0".encode()
+            hasher.update(len(header).to_bytes(4, "little") + header)
+            hasher.update(tensor_bytes(tensor))
+    return hasher.digest()

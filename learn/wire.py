@@ -1,0 +1,177 @@
+"""Named tensors on the wire, and the signed contribution that heads them.
+
+A tensor set is a stream of msgpack-able frames: per tensor a header
+``{"t": name, "codec", "dtype", "shape", "block", "bytes": payload length}``
+then its payload in chunk frames ``{"c": bytes}`` of at most :data:`CHUNK`
+bytes, so neither side holds more than one tensor plus one chunk beyond the
+tensors themselves.  :class:`Decoder` checks every frame against
+:class:`Limits` and the codec's exact payload size; anything else is a
+:class:`WireError`.
+
+A :class:`Contribution` says who sent which tensors for which round: its
+``digest`` is blake3 over the tensors (names, codecs, dtypes, shapes,
+payloads, in name order) and its author signs it, so a copy passed on by
+another member cannot be altered or forged.  Signing and checking are
+injected (meshd passes its Ed25519 identity).  No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+import blake3
+import msgpack
+
+from .encoded import CodecError, Encoded, ITEMSIZE, payload_size
+
+CHUNK = 1 << 20
+DOMAIN = b"meshd-learn-v1\0"
+KINDS_MAX = 64  # characters in a contribution's kind
+
+
+class WireError(ValueError):
+    """Frames or a contribution from a peer are malformed or over a limit."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tensors: int = 10_000
+    max_bytes: int = 8 << 30
+    max_name: int = 256
+    max_dims: int = 8
+
+
+def frames(named: Iterable[tuple[str, Encoded]]) -> Iterator[dict]:
+    """The frames that carry ``named`` ((name, Encoded) pairs)."""
+    for name, enc in named:
+        yield {"t": name, "codec": enc.codec, "dtype": enc.dtype, "shape": list(enc.shape),
+               "block": enc.block, "bytes": len(enc.payload)}
+        view = memoryview(enc.payload)
+        for at in range(0, len(view), CHUNK):
+            yield {"c": bytes(view[at:at + CHUNK])}
+
+
+class Decoder:
+    """Rebuilds (name, Encoded) pairs from frames, checking each against the limits."""
+
+    def __init__(self, limits: Limits = Limits()):
+        self.limits = limits
+        self._names: set[str] = set()
+        self._total = 0
+        self._head: dict | None = None
+        self._parts: list[bytes] = []
+        self._have = 0
+
+    def feed(self, frame: object) -> list[tuple[str, Encoded]]:
+        """Take one frame; returns the tensors it completed (none or one)."""
+        if not isinstance(frame, dict):
+            raise WireError("a frame is a map")
+        if "t" in frame:
+            if self._head is not None:
+                raise WireError(f"tensor {self._head['t']!r} ended early")
+            self._start(frame)
+        elif "c" in frame:
+            chunk = frame["c"]
+            if self._head is None or not isinstance(chunk, bytes) or not 0 < len(chunk) <= CHUNK:
+                raise WireError("a payload chunk without a tensor header, or of a bad size")
+            self._parts.append(chunk)
+            self._have += len(chunk)
+            if self._have > self._head["bytes"]:
+                raise WireError(f"tensor {self._head['t']!r} has more bytes than announced")
+        else:
+            raise WireError("a frame is a tensor header or a payload chunk")
+        return self._complete()
+
+    def _start(self, head: dict) -> None:
+        limits = self.limits
+        name, shape = head.get("t"), head.get("shape")
+        if not isinstance(name, str) or not 0 < len(name) <= limits.max_name:
+            raise WireError(f"a tensor name is 1-{limits.max_name} characters")
+        if name in self._names:
+            raise WireError(f"tensor {name!r} sent twice")
+        if len(self._names) >= limits.max_tensors:
+            raise WireError(f"more than {limits.max_tensors} tensors")
+        if (not isinstance(shape, list) or len(shape) > limits.max_dims
+                or not all(type(n) is int and n >= 0 for n in shape)):
+            raise WireError(f"{name}: a shape is at most {limits.max_dims} non-negative integers")
+        codec, dtype, block, size = head.get("codec"), head.get("dtype"), head.get("block"), head.get("bytes")
+        if not isinstance(codec, str) or dtype not in ITEMSIZE or type(block) is not int or type(size) is not int:
+            raise WireError(f"{name}: codec, dtype, block and bytes are required")
+        try:
+            expected = payload_size(codec, dtype, math.prod(shape), block)
+        except CodecError as exc:
+            raise WireError(f"{name}: {exc}") from None
+        if size != expected:
+            raise WireError(f"{name}: {codec} of {shape} {dtype} is {expected} bytes, not {size}")
+        self._total += size
+        if self._total > limits.max_bytes:
+            raise WireError(f"more than {limits.max_bytes} bytes of tensors")
+        self._names.add(name)
+        self._head = {"t": name, "codec": codec, "dtype": dtype, "shape": tuple(shape), "block": block,
+                      "bytes": size}
+
+    def _complete(self) -> list[tuple[str, Encoded]]:
+        head = self._head
+        if head is None or self._have < head["bytes"]:
+            return []
+        payload = b"".join(self._parts)
+        self._head, self._parts, self._have = None, [], 0
+        return [(head["t"], Encoded(head["codec"], head["dtype"], head["shape"], head["block"], payload))]
+
+    def finish(self) -> None:
+        """Raise WireError if the stream ended inside a tensor."""
+        if self._head is not None:
+            raise WireError(f"tensor {self._head['t']!r} ended early")
+
+
+def digest_of(named: Iterable[tuple[str, Encoded]]) -> bytes:
+    """blake3 over the tensors in name order: name, codec, dtype, shape, block, payload."""
+    hasher = blake3.blake3()
+    for name, enc in sorted(named, key=lambda item: item[0]):
+        header = msgpack.packb([name, enc.codec, enc.dtype, list(enc.shape), enc.block, len(enc.payload)])
+        hasher.update(len(header).to_bytes(4, "little") + header)
+        hasher.update(enc.payload)
+    return hasher.digest()
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """Who sent which tensors (by digest) for which round of which group."""
+
+    group: str
+    round: int
+    author: bytes  # the author's 32-byte public key
+    kind: str  # "params", "state", "part:F:I", "reduced:F:I"
+    samples: int
+    digest: bytes
+
+    def signed_bytes(self) -> bytes:
+        return DOMAIN + msgpack.packb([self.group, self.round, self.author, self.kind, self.samples, self.digest])
+
+    def sign(self, sign: Callable[[bytes], bytes]) -> bytes:
+        return sign(self.signed_bytes())
+
+    def verify(self, signature: bytes, verify: Callable[[bytes, bytes, bytes], bool]) -> bool:
+        """Whether ``signature`` is the author's over this contribution."""
+        return verify(self.author, signature, self.signed_bytes())
+
+    def to_wire(self) -> dict:
+        return {"group": self.group, "round": self.round, "author": self.author, "kind": self.kind,
+                "samples": self.samples, "digest": self.digest}
+
+    @classmethod
+    def from_wire(cls, data: object) -> "Contribution":
+        """A contribution from a peer's map; WireError if a field is missing or bad."""
+        if not isinstance(data, dict):
+            raise WireError("a contribution is a map")
+        group, round_, author = data.get("group"), data.get("round"), data.get("author")
+        kind, samples, digest = data.get("kind"), data.get("samples"), data.get("digest")
+        if not isinstance(group, str) or not isinstance(kind, str) or len(kind) > KINDS_MAX:
+            raise WireError("a contribution names its group and kind")
+        if type(round_) is not int or round_ < 0 or type(samples) is not int or samples < 0:
+            raise WireError("a contribution's round and samples are non-negative integers")
+        if not isinstance(author, bytes) or len(author) != 32 or not isinstance(digest, bytes) or len(digest) != 32:
+            raise WireError("a contribution's author and digest are 32 bytes")
+        return cls(group, round_, author, kind, samples, digest)

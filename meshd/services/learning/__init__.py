@@ -1,0 +1,15 @@
+"""Training across peers, the service ``learning``.
+
+:class:`Learning` (:mod:`.service`) keeps the training groups a node is in;
+:class:`Group` (:mod:`.group`) is one group as this member sees it: who is
+live, and the signed tensor exchanges (pull, all-reduce).  The algorithms
+users call are :class:`GossipAverager` (:mod:`.averager`) and
+:class:`DiLoCo` (:mod:`.diloco`, Streaming DiLoCo with ``fragments > 1``);
+they import torch, the rest does not.  The round logic is :mod:`learn`.
+"""
+
+from .config import LearningSection
+from .group import Group
+from .service import PROVIDER_PREFIX, Learning, check_group_name
+
+__all__ = ["PROVIDER_PREFIX", "Group", "Learning", "LearningSection", "check_group_name"]

@@ -1,0 +1,15 @@
+"""The ``[learning]`` config section: training groups' timing and limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LearningSection:
+    heartbeat_interval: float = 2.0  # seconds between hellos to each member of a group
+    discover_interval: float = 10.0  # seconds between provider lookups for a group's members
+    max_members: int = 64  # members one group tracks (the first heard are kept)
+    max_bytes: int = 8 << 30  # largest tensor set one peer may send in one call
+    round_timeout_min: float = 5.0  # an exchange waits at least this long for a slow member
+    round_timeout_max: float = 600.0  # ... and never longer than this

@@ -1,0 +1,236 @@
+"""DiLoCo and Streaming DiLoCo: H local steps, then one outer step every member agrees on.
+
+From the shared parameters θ each member takes ``inner_steps`` (H) steps with
+its own optimizer; its pseudo-gradient is Δ = θ − θ_local.  The group
+averages the round's Δs with :meth:`Group.allreduce` (each slice reduced once,
+by one member, so every member receives the same values) and every member
+applies the same fp32 Nesterov step (:class:`learn.outer.OuterSGD`), so every
+member that took part ends the round with bit-identical θ and momentum.  It
+then publishes blake3(θ, momentum); a member whose hash differs from the
+majority's, or that joins, pulls the whole state from a member that agrees.
+
+With ``fragments`` P > 1 (Streaming DiLoCo) θ is split into P strided
+fragments; fragment p's exchange starts at the inner steps ≡ (p+1)·H/P (mod H),
+runs in the background for ``overlap`` (τ) further inner steps, and then
+θ_p,local ← α·θ_p,local + (1−α)·θ_p,global, so one fragment is in flight at a
+time and peak bandwidth drops by P.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import trio
+
+from learn.compress import decode, encode
+from learn.fragments import due, mix, split
+from learn.outer import OuterSGD, state_hash
+from learn.robust import aggregate, parse_rule
+
+from ...identity import PeerId
+from ...rpc import RpcError
+from .service import Learning
+
+log = logging.getLogger("meshd.learning")
+
+
+@dataclass
+class SyncReport:
+    """What one outer exchange (one fragment of one round) did."""
+
+    round: int
+    fragment: int
+    contributors: int
+    missing_values: int  # values no reducer delivered (their Δ was taken as 0)
+    bytes_out: int
+    seconds: float
+
+
+class DiLoCo:
+    """DiLoCo for ``model`` in group ``group``: ``await step(samples)`` after each backward."""
+
+    def __init__(self, node, model: torch.nn.Module, *, inner_opt: torch.optim.Optimizer, group: str,
+                 inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 fragments: int = 1, overlap: int | None = None, alpha: float = 0.5,
+                 compression: str = "none", block: int = 64, rule: str = "mean"):
+        parse_rule(rule)  # a bad rule fails here, not at the first sync
+        self._service: Learning = node.service("learning")
+        self.model, self.inner_opt = model, inner_opt
+        self.H, self.P, self.alpha = inner_steps, fragments, alpha
+        self.overlap = overlap if overlap is not None else max(1, inner_steps // (2 * fragments))
+        if fragments > 1 and not 0 < self.overlap < inner_steps // fragments + 1:
+            raise ValueError("overlap must be 1 to H/P inner steps")
+        self.compression, self.block, self.rule = compression, block, rule
+        self._params = dict(model.named_parameters())
+        self.fragments = split(list(self._params), fragments)
+        self.theta = {n: p.detach().float().clone() for n, p in self._params.items()}
+        self.outer = OuterSGD(lr=outer_lr, momentum=outer_momentum, nesterov=True)
+        self.group = self._service.join(group, algorithm="streaming-diloco" if fragments > 1 else "diloco",
+                                        rule=rule)
+        self.steps = 0  # inner steps taken
+        self.samples = 0  # samples since the last exchange
+        self.reports: list[SyncReport] = []
+        self._residual: dict[int, torch.Tensor] = {}  # error feedback, per fragment
+        self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
+        self._started = False
+
+    # --- the training loop's one call --------------------------------------------------------
+
+    async def step(self, samples: int = 0) -> None:
+        """One inner optimizer step (then ``zero_grad``); the outer exchange when due."""
+        if not self._started:
+            await self._start()
+        self.inner_opt.step()
+        self.inner_opt.zero_grad(set_to_none=True)
+        self.steps += 1
+        self.samples += samples
+        if self.P == 1:
+            if self.steps % self.H == 0:
+                await self._sync(0)
+            return
+        for p in due(self.steps, self.H, self.P):
+            self._begin(p)
+        for p, (apply_at, done, out) in list(self._inflight.items()):
+            if self.steps >= apply_at:
+                await done.wait()
+                del self._inflight[p]
+                self._land(p, out, streaming=True)
+
+    # --- joining ---------------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        """Offer our state, hear the group once, and take the state of the member
+        furthest ahead (lowest key among equals) if that is not us."""
+        self._started = True
+        group = self.group
+        self._offer_state()
+        await group.settled.wait()
+        best = group.best_member()
+        if best != group.me:
+            await self._resync(best)
+
+    def _offer_state(self) -> None:
+        named = [(f"theta/{n}", encode(t, "none")) for n, t in sorted(self.theta.items())]
+        named += [(f"momentum/{n}", encode(t, "none")) for n, t in sorted(self.outer.momentum.items())]
+        self.group.offer("state", self.group.round, named)
+
+    async def _resync(self, peer: bytes) -> None:
+        """Take θ, the outer momentum and the round from ``peer``."""
+        group = self.group
+        try:
+            contribution, named = await group.pull(PeerId(peer), "state", timeout=group.clock.timeout())
+        except (RpcError, trio.TooSlowError, OSError) as exc:
+            log.warning("group %s: could not take the state of %s: %s", group.name, PeerId(peer).short(), exc)
+            return
+        tensors = {name: decode(enc) for name, enc in named}
+        theta = {n[len("theta/"):]: t for n, t in tensors.items() if n.startswith("theta/")}
+        if set(theta) != set(self.theta):
+            log.warning("group %s: %s trains another model (parameter names differ)", group.name,
+                        PeerId(peer).short())
+            return
+        self.theta = {n: t.float() for n, t in theta.items()}
+        self.outer.momentum = {n[len("momentum/"):]: t.float() for n, t in tensors.items()
+                               if n.startswith("momentum/")}
+        with torch.no_grad():
+            for name, param in self._params.items():
+                param.copy_(self.theta[name])
+        group.round = contribution.round
+        group.joined = contribution.round + 1 if contribution.round else 0
+        self.steps = contribution.round * self.H
+        self._publish_hash(contribution.round - 1)
+        self._offer_state()
+        log.info("group %s: took round %d's state from %s", group.name, contribution.round, PeerId(peer).short())
+
+    # --- one exchange -------------------------------------------------------------------------------
+
+    def _delta(self, p: int) -> torch.Tensor:
+        names = sorted(self.fragments[p])
+        return torch.cat([(self.theta[n] - self._params[n].detach().float()).flatten() for n in names])
+
+    def _begin(self, p: int) -> None:
+        """Start fragment ``p``'s exchange in the background (Streaming DiLoCo)."""
+        out: dict = {}
+        done = trio.Event()
+        delta, samples, round_ = self._delta(p), self.samples, self.steps // self.H - (self.steps % self.H == 0)
+
+        async def run() -> None:
+            try:
+                out.update(await self._exchange(round_, p, delta, samples))
+            finally:
+                done.set()
+
+        self._inflight[p] = (self.steps + self.overlap, done, out)
+        self._service.spawn(run)
+
+    async def _sync(self, p: int) -> None:
+        round_ = self.steps // self.H - 1
+        out = await self._exchange(round_, p, self._delta(p), self.samples)
+        self._land(p, out, streaming=False)
+
+    async def _exchange(self, round_: int, p: int, delta: torch.Tensor, samples: int) -> dict:
+        group = self.group
+        if group.joined > round_:  # joined during this round: take its outcome instead
+            return {"round": round_, "skip": True}
+        started, before = time.perf_counter(), sum(group.bytes_out.values())
+        residual = self._residual.get(p)
+        q = delta + residual if residual is not None else delta
+        rule = parse_rule(self.rule)
+
+        def reduce(tensors, weights):
+            result = aggregate(tensors, weights, rule)
+            return result.value, result.clipped
+
+        avg, sent, missing, used = await group.allreduce(
+            (round_, p), q, samples=samples, codec=self.compression, block=self.block,
+            encode=lambda t: encode(t, self.compression, self.block), decode=decode, reduce=reduce)
+        if self.compression != "none":
+            self._residual[p] = q - sent
+        gap = sum(hi - lo for lo, hi in missing)
+        self.reports.append(SyncReport(round_, p, len(used), gap, sum(group.bytes_out.values()) - before,
+                                       time.perf_counter() - started))
+        return {"round": round_, "avg": avg}
+
+    def _land(self, p: int, out: dict, *, streaming: bool) -> None:
+        """Apply the outer step for fragment ``p`` (or, after a skipped round, resync)."""
+        group = self.group
+        if out.get("skip"):
+            self._service.spawn(self._catch_up)
+            return
+        names = sorted(self.fragments[p])
+        offsets, at = {}, 0
+        for n in names:
+            offsets[n] = (at, at + self.theta[n].numel())
+            at += self.theta[n].numel()
+        avg = out["avg"]
+        delta = {n: avg[lo:hi].view_as(self.theta[n]) for n, (lo, hi) in offsets.items()}
+        new = self.outer.step({n: self.theta[n] for n in names}, delta)
+        self.theta.update(new)
+        with torch.no_grad():
+            for n in names:
+                local = self._params[n]
+                value = mix(local.detach().float(), new[n], self.alpha) if streaming else new[n]
+                local.copy_(value)
+        if p == self.P - 1 or not streaming:
+            self.samples = 0
+            group.round = out["round"] + 1
+            self._publish_hash(out["round"])
+            self._offer_state()
+            self._service.spawn(self._check_hash)
+
+    def _publish_hash(self, round_: int) -> None:
+        self.group.hash = state_hash(self.theta, self.outer.momentum)
+        self.group.hash_round = round_
+
+    async def _check_hash(self) -> None:
+        """Resync from a member with the majority's hash if ours differs."""
+        peer = await self.group.dissent(3 * self._service.config.heartbeat_interval)
+        if peer is not None:
+            await self._resync(peer)
+
+    async def _catch_up(self) -> None:
+        best = self.group.best_member()
+        if best != self.group.me:
+            await self._resync(best)

@@ -1,0 +1,177 @@
+"""Training groups, the service ``learning``: membership and tensor exchange.
+
+A *group* is one training run, named by its users (``"run42"``).  Members
+announce themselves as DHT providers of ``b"/learn/" + name`` and say hello
+(``learning.hello``) to every member they know every
+``learning.heartbeat_interval`` seconds; a hello carries the member's round,
+its join round, its state hash and the other members it knows, so a group
+finds itself quickly and a member that stops saying hello drops out.
+
+Tensors move over three peer methods, each a set of named tensors in
+:mod:`learn.wire` frames behind a signed :class:`learn.wire.Contribution`:
+
+* ``learning.pull`` (server stream): what a member offers now, its
+  parameters (gossip) or its whole state (a joining or diverged member);
+* ``learning.part`` (client stream): a contributor's slice of an all-reduce,
+  sent to the slice's reducer;
+* ``learning.reduced`` (server stream): the reducer's result for its slice,
+  sent once it is ready.
+
+The round logic lives in :mod:`learn`; the algorithms users call
+(:class:`~meshd.services.learning.averager.GossipAverager`,
+:class:`~meshd.services.learning.diloco.DiLoCo`) drive a :class:`Group`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol, Sequence
+
+import trio
+
+from dht.ids import Contact
+from dht.network import DhtError
+
+from ...identity import PeerId
+from ...rpc import InvalidArgument, NotFound
+from ...rpc.args import field
+from ...service import Host, Method
+from .config import LearningSection
+from .control import control_methods
+from .group import Group
+
+log = logging.getLogger("meshd.learning")
+
+PROVIDER_PREFIX = b"/learn/"
+_MAX_NAME = 128
+
+
+class Providers(Protocol):
+    """Provider records (the DHT): how a group's members find each other."""
+
+    async def provide(self, key: bytes) -> int: ...
+    def unprovide(self, key: bytes) -> None: ...
+    async def find_providers(self, key: bytes, count: int) -> Sequence[Contact]: ...
+
+
+def check_group_name(name: object) -> str:
+    """``name`` if it is a usable group name; ValueError otherwise."""
+    if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME or not name.isprintable():
+        raise ValueError(f"a group name is 1-{_MAX_NAME} printable characters, not {name!r:.40}")
+    return name
+
+
+class Learning:
+    """The training groups of a node (service ``learning``, config ``[learning]``)."""
+
+    name = "learning"
+
+    def __init__(self, host: Host, config: LearningSection, *, providers: Providers):
+        self.host = host
+        self.config = config
+        self._providers = providers
+        self.groups: dict[str, Group] = {}
+        self._nursery: trio.Nursery | None = None
+
+    # --- the Service shape ---------------------------------------------------------
+
+    def rpc_methods(self) -> dict:
+        return {"learning.hello": self._serve_hello, "learning.pull": self._serve_pull,
+                "learning.part": Method(self._serve_part, "client_stream"),
+                "learning.reduced": self._serve_reduced}
+
+    def control_methods(self) -> dict:
+        return control_methods(self)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def status(self) -> dict:
+        return {"groups": len(self.groups)}
+
+    def spawn(self, fn, *args) -> None:
+        """Run ``fn(*args)`` in the service's background until the node stops."""
+        self._nursery.start_soon(fn, *args)
+
+    def close(self) -> None:
+        self.groups.clear()
+
+    # --- joining and leaving ---------------------------------------------------------
+
+    def join(self, name: str, *, algorithm: str, rule: str) -> Group:
+        """The group called ``name``, joined now if this node is not in it yet:
+        announced in the DHT and greeted every heartbeat until :meth:`leave`."""
+        check_group_name(name)
+        group = self.groups.get(name)
+        if group is None:
+            if self._nursery is None:
+                raise RuntimeError("the learning service is not running")
+            group = self.groups[name] = Group(self.host, self.config, name, algorithm=algorithm, rule=rule)
+            self._nursery.start_soon(self._keep, group)
+        return group
+
+    def leave(self, name: str) -> None:
+        """Stop being a member of ``name`` (peers see us go at their timeout)."""
+        group = self.groups.pop(name, None)
+        if group is not None:
+            group.cancel_scope.cancel()
+            self._providers.unprovide(PROVIDER_PREFIX + name.encode())
+
+    async def _keep(self, group: Group) -> None:
+        """Announce ``group``, find its members, and greet them, until it is left."""
+        key = PROVIDER_PREFIX + group.name.encode()
+        next_discovery, provided = 0.0, False
+        with group.cancel_scope:
+            while True:
+                now = trio.current_time()
+                if now >= next_discovery:
+                    next_discovery = now + self.config.discover_interval
+                    try:
+                        if not provided:
+                            provided = await self._providers.provide(key) > 0
+                        for contact in await self._providers.find_providers(key, self.config.max_members):
+                            group.heard_of(contact.public_key)
+                    except DhtError as exc:
+                        log.debug("group %s: provider lookup failed: %s", group.name, exc)
+                async with trio.open_nursery() as nursery:
+                    for peer in group.to_greet():
+                        nursery.start_soon(group.greet, PeerId(peer))
+                group.settled.set()
+                with trio.move_on_after(self.config.heartbeat_interval):
+                    await group.wake.wait()
+                group.wake = trio.Event()
+
+    # --- serving peers ---------------------------------------------------------------
+
+    def _group_of(self, arg: object) -> Group:
+        name = field(arg, "group", str)
+        group = self.groups.get(name)
+        if group is None:
+            raise NotFound(f"this node is not in group {name!r:.60}")
+        return group
+
+    async def _serve_hello(self, arg, ctx) -> dict:
+        group = self._group_of(arg)
+        group.hello_from(ctx.peer, arg)
+        return group.hello()
+
+    async def _serve_pull(self, arg, ctx):
+        group = self._group_of(arg)
+        kind = field(arg, "kind", str)
+        if kind not in ("params", "state"):
+            raise InvalidArgument("kind must be params or state")
+        async for item in group.serve_pull(ctx.peer, kind):
+            yield item
+
+    async def _serve_part(self, items, ctx) -> dict:
+        first = await anext(items, None)
+        group = self._group_of(first)
+        return await group.serve_part(ctx.peer, first, items)
+
+    async def _serve_reduced(self, arg, ctx):
+        group = self._group_of(arg)
+        async for item in group.serve_reduced(ctx.peer, arg):
+            yield item
