@@ -73,6 +73,7 @@ class DiLoCo:
         self.steps = 0  # inner steps taken
         self.samples = 0  # samples since the last exchange
         self.reports: list[SyncReport] = []
+        self.resyncs = 0  # states taken from another member after the start
         self._residual: dict[int, torch.Tensor] = {}  # error feedback, per fragment
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
         self._started = False
@@ -125,6 +126,7 @@ class DiLoCo:
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.warning("group %s: could not take the state of %s: %s", group.name, PeerId(peer).short(), exc)
             return
+        self.resyncs += self.group.hash is not None
         tensors = {name: decode(enc) for name, enc in named}
         theta = {n[len("theta/"):]: t for n, t in tensors.items() if n.startswith("theta/")}
         if set(theta) != set(self.theta):
