@@ -1,21 +1,50 @@
-"""How an all-reduce is cut among its members.
+"""DiLoCo's outer all-reduce with no coordinator: every member that finishes
+the round holds the same bits.
 
-The flattened vector (every tensor in name order, float32) is cut into one
-contiguous slice per member of the sorted member list; member i reduces
-slice i of every contributor's vector, in contributor order, and sends the
-result to all, so each slice is reduced exactly once and every member
-receives the same values (bit for bit).  Each member sends and receives
-(N−1)/N of the vector twice, as in a butterfly all-reduce.
+The round's contributors are an agreed list of members (sorted public keys;
+all of them start from the same list, which the caller checks, e.g. by
+sending it with each part).  Each member's pseudo-gradient, flattened
+(every tensor in name order, float32), is cut by :func:`partition` into one
+contiguous part per member, and member i is the *reducer* of part i:
+
+1. every member sends part i of its vector to member i (:meth:`AllReduce.outgoing`);
+2. member i reduces part i of the contributions it has, in contributor order,
+   with the group's rule (``reduce(parts, weights)``, injected, so robust
+   rules plug in): as soon as all have come, or at the parts deadline with
+   those that have (:meth:`AllReduce.expire`), its own always among them;
+3. member i sends the reduced part, with the list of contributors it used,
+   to every member, which takes it as it is (:meth:`AllReduce.received_reduced`).
+
+Each part is reduced once, by one member, and everyone else only copies it,
+so who was left out of a part is decided in one place and every member that
+receives all parts holds the same vector, bit for bit (a reducer sending
+through a lossy codec makes ``reduce`` return the decoded values, so that it
+holds what the others receive).  A part whose reducer died or stalled past
+the deadline is missing (:meth:`AllReduce.missing_parts`), which this module
+does not paper over: meshd skips the outer step on every member that misses
+a part and resyncs by state hash.  Each member sends and receives (N−1)/N
+of the vector twice, as in a butterfly all-reduce.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Callable
+
+import torch
+
+Reduce = Callable[[list[torch.Tensor], list[float]], torch.Tensor]
+
+
+class AllReduceError(ValueError):
+    """A peer's part is malformed, unexpected or repeated, or ``reduce`` returned a bad part."""
+
 
 def partition(total: int, members: list[bytes]) -> list[tuple[int, int]]:
     """``[0, total)`` cut into ``len(members)`` contiguous (start, end) ranges
-    whose sizes differ by at most one, in member order."""
-    if not members:
-        raise ValueError("an all-reduce needs at least one member")
+    whose sizes differ by at most one (the larger first), in member order."""
+    if not members or total < 0:
+        raise ValueError("an all-reduce needs at least one member and a size >= 0")
     base, extra = divmod(total, len(members))
     ranges, at = [], 0
     for i in range(len(members)):
@@ -23,3 +52,152 @@ def partition(total: int, members: list[bytes]) -> list[tuple[int, int]]:
         ranges.append((at, at + size))
         at += size
     return ranges
+
+
+class AllReduce:
+    """One member's side of one all-reduce of ``vector`` (1-D float32, not to
+    be changed until the round is over) among ``members``.
+
+    ``weight`` is this member's weight in the reduction (its samples, say);
+    the reducers wait for parts until ``now + timeout`` (:attr:`parts_deadline`)
+    and every member for reduced parts until ``now + 2 × timeout`` (:attr:`deadline`).
+    """
+
+    def __init__(self, me: bytes, members: list[bytes], vector: torch.Tensor, *, reduce: Reduce,
+                 weight: float = 1.0, now: float, timeout: float):
+        if list(members) != sorted(set(members)) or me not in members:
+            raise ValueError("the members are distinct keys in sorted order, this member among them")
+        if not isinstance(vector, torch.Tensor) or vector.dim() != 1 or vector.dtype != torch.float32:
+            raise ValueError("an all-reduce averages one float32 vector")
+        if not 0 <= timeout < math.inf:
+            raise ValueError("the timeout is finite and non-negative")
+        self.me, self.members = me, list(members)
+        self.index = self.members.index(me)  # the part this member reduces
+        self.ranges = partition(vector.numel(), self.members)
+        self.parts_deadline = now + timeout
+        self.deadline = now + 2 * timeout
+        self._vector = vector
+        self._reduce = reduce
+        lo, hi = self.ranges[self.index]
+        self._parts = {me: (vector[lo:hi], _weight(weight))}  # contributor -> (part, weight), until reduced
+        self._reduced: dict[int, tuple[torch.Tensor, list[bytes]]] = {}  # index -> (values, contributors used)
+        self._missing: list[int] | None = None  # decided at the deadline
+        if len(self.members) == 1:
+            self._reduce_mine()
+
+    def outgoing(self) -> list[tuple[bytes, int, torch.Tensor]]:
+        """(reducer, part index, slice of the vector): what this member sends, one to each other member."""
+        return [(peer, i, self._vector[lo:hi]) for i, (peer, (lo, hi)) in enumerate(zip(self.members, self.ranges))
+                if peer != self.me]
+
+    def received_part(self, peer: bytes, index: int, tensor: torch.Tensor, weight: float = 1.0) -> bool:
+        """Take contributor ``peer``'s part ``index`` for this member to reduce;
+        True if taken, False if it came after the reduction (ignored).
+        AllReduceError for a part this member does not reduce, a peer that is
+        not a contributor, a second part from one, or a malformed part."""
+        if index != self.index:
+            raise AllReduceError(f"this member reduces part {self.index}, not part {index}")
+        if peer not in self.members:
+            raise AllReduceError(f"{_short(peer)} is not a contributor")
+        if self.index in self._reduced:
+            return False
+        if peer in self._parts:
+            raise AllReduceError(f"a part from {_short(peer)} came twice")
+        self._parts[peer] = (self._check(index, tensor), _weight(weight))
+        if len(self._parts) == len(self.members):
+            self._reduce_mine()
+        return True
+
+    def contributors_missing(self) -> list[bytes]:
+        """The contributors whose part this member's reduction lacks (sorted)."""
+        have = self._reduced[self.index][1] if self.index in self._reduced else self._parts
+        return [m for m in self.members if m not in have]
+
+    def expire(self, now: float) -> bool:
+        """Move the round on at ``now``: past the parts deadline, reduce this
+        member's part over the contributors it has; past the deadline, the parts
+        not received are missing for good.  True if this call reduced (the
+        reduced part is then to be sent)."""
+        reducing = now >= self.parts_deadline and self.index not in self._reduced
+        if reducing:
+            self._reduce_mine()
+        if now >= self.deadline and self._missing is None:
+            self._missing = [i for i in range(len(self.members)) if i not in self._reduced]
+        return reducing
+
+    def reduced(self, index: int) -> tuple[torch.Tensor, list[bytes]] | None:
+        """Part ``index`` reduced and the contributors its reducer used, once
+        this member has it (for its own part: what it sends to everyone)."""
+        return self._reduced.get(index)
+
+    def received_reduced(self, peer: bytes, index: int, tensor: torch.Tensor, used: list[bytes]) -> bool:
+        """Take reduced part ``index`` from its reducer ``peer``; True if taken,
+        False if it came after the deadline (the part stays missing).
+        AllReduceError if ``peer`` does not reduce that part, for a second copy,
+        or for a malformed part or ``used`` list."""
+        if type(index) is not int or not 0 <= index < len(self.members):
+            raise AllReduceError(f"there is no part {index}")
+        if index == self.index:
+            raise AllReduceError(f"part {index} is reduced by this member")
+        if peer != self.members[index]:
+            raise AllReduceError(f"part {index} is reduced by {_short(self.members[index])}, not {_short(peer)}")
+        if self._missing is not None:
+            return False
+        if index in self._reduced:
+            raise AllReduceError(f"reduced part {index} came twice")
+        tensor = self._check(index, tensor)
+        if not isinstance(used, list) or not all(isinstance(u, bytes) for u in used):
+            raise AllReduceError("used is a sorted list of distinct contributors' keys")
+        stranger = next((u for u in used if u not in self.members), None)
+        if stranger is not None:
+            raise AllReduceError(f"{_short(stranger)} is not a contributor")
+        if used != sorted(set(used)):
+            raise AllReduceError("used is a sorted list of distinct contributors' keys")
+        if peer not in used:
+            raise AllReduceError("a reducer always uses its own part")
+        self._reduced[index] = (tensor, used)
+        return True
+
+    def missing_parts(self) -> list[int]:
+        """The parts that had not come by the deadline (none before it)."""
+        return list(self._missing or [])
+
+    def done(self) -> bool:
+        """Every part is in, or the deadline has passed."""
+        return len(self._reduced) == len(self.members) or self._missing is not None
+
+    def result(self) -> torch.Tensor | None:
+        """The whole reduced vector once every part is in; None while (or because) one is not."""
+        if len(self._reduced) < len(self.members):
+            return None
+        return torch.cat([self._reduced[i][0] for i in range(len(self.members))])
+
+    def _reduce_mine(self) -> None:
+        used = [m for m in self.members if m in self._parts]
+        value = self._reduce([self._parts[m][0] for m in used], [self._parts[m][1] for m in used])
+        try:
+            self._reduced[self.index] = (self._check(self.index, value), used)
+        except AllReduceError as exc:
+            raise AllReduceError(f"reduce returned a bad part: {exc}") from None
+        self._parts = {}
+
+    def _check(self, index: int, tensor: object) -> torch.Tensor:
+        lo, hi = self.ranges[index]
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1 or tensor.numel() != hi - lo:
+            shape = list(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise AllReduceError(f"part {index} is a vector of {hi - lo} values, not {shape}")
+        if tensor.dtype != torch.float32:
+            raise AllReduceError(f"a part is float32, not {tensor.dtype}")
+        if not bool(torch.isfinite(tensor).all()):
+            raise AllReduceError(f"part {index} has values that are not finite")
+        return tensor
+
+
+def _weight(weight: float) -> float:
+    if type(weight) not in (int, float) or not 0 < weight < math.inf:
+        raise AllReduceError(f"a weight is finite and positive, not {weight!r}")
+    return weight
+
+
+def _short(key: bytes) -> str:
+    return key[:8].hex() if isinstance(key, bytes) else repr(key)

@@ -28,7 +28,10 @@ _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def encode(tensor: torch.Tensor, codec: str = "none", block: int = 64) -> Encoded:
-    """``tensor`` under ``codec``; lossy codecs take floating tensors only."""
+    """``tensor`` under ``codec``; CodecError for an unknown codec, a bad
+    ``block`` (int8, int4) or a lossy codec of a tensor that is not floating."""
+    if codec not in CODECS:
+        raise CodecError(f"unknown codec {codec!r} (known: {', '.join(CODECS)})")
     dtype = dtype_name(tensor.dtype)
     shape = tuple(tensor.shape)
     if codec == "none":
@@ -37,8 +40,6 @@ def encode(tensor: torch.Tensor, codec: str = "none", block: int = 64) -> Encode
         raise CodecError(f"{codec} encodes floating tensors, not {dtype}")
     if codec in _CAST:
         return Encoded(codec, dtype, shape, block, tensor_bytes(tensor.to(_CAST[codec])))
-    if codec not in _LEVELS:
-        raise CodecError(f"unknown codec {codec!r} (known: {', '.join(CODECS)})")
     check_block(block)
     flat = tensor.detach().float().reshape(-1)
     numel = flat.numel()
@@ -58,14 +59,21 @@ def encode(tensor: torch.Tensor, codec: str = "none", block: int = 64) -> Encode
 
 def decode(encoded: Encoded) -> torch.Tensor:
     """The tensor ``encoded`` holds: the original dtype for ``none`` and the
-    casts, float32 for the quantized codecs.  CodecError if it is malformed."""
+    casts, float32 for the quantized codecs.  CodecError if it is malformed
+    (unknown codec or dtype, bad shape or block, a payload of the wrong size),
+    never another exception: this is peer data."""
     codec, dtype, shape = encoded.codec, encoded.dtype, encoded.shape
+    if not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape):
+        raise CodecError(f"a shape is a tuple of non-negative integers, not {shape!r}")
     numel = math.prod(shape)
     expected = payload_size(codec, dtype, numel, encoded.block)
     if len(encoded.payload) != expected:
         raise CodecError(f"a {codec} payload of {numel} values is {expected} bytes, not {len(encoded.payload)}")
     if codec == "none":
-        return tensor_from_bytes(encoded.payload, dtype, shape)
+        try:
+            return tensor_from_bytes(encoded.payload, dtype, shape)
+        except ValueError as exc:
+            raise CodecError(str(exc)) from None
     if codec in _CAST:
         return tensor_from_bytes(encoded.payload, "float16" if codec == "fp16" else "bfloat16",
                                  shape).to(DTYPES[dtype])
@@ -77,7 +85,7 @@ def decode(encoded: Encoded) -> torch.Tensor:
         high = raw >> 4
         raw = torch.stack([low, high], dim=1).reshape(-1)[:numel]
     values = raw.float()
-    values = torch.cat([values, values.new_zeros(nblocks * encoded.block - numel)]).view(nblocks, -1)
+    values = torch.cat([values, values.new_zeros(nblocks * encoded.block - numel)]).view(nblocks, encoded.block)
     return (values * scales[:, None]).reshape(-1)[:numel].reshape(shape)
 
 
@@ -88,15 +96,17 @@ class ErrorFeedback:
         self._residual: dict[str, torch.Tensor] = {}
 
     def compress(self, name: str, tensor: torch.Tensor, codec: str, block: int = 64) -> Encoded:
-        """``tensor`` plus what was dropped from ``name`` last time, encoded; the
-        new error is kept for next time."""
+        """``tensor`` plus what was dropped from ``name`` last time (unless the
+        shape changed), encoded as ``tensor``'s dtype; what this encoding drops,
+        in float32, is kept for next time."""
         value = tensor.detach().float()
         residual = self._residual.get(name)
         if residual is not None and residual.shape == value.shape:
             value = value + residual
-        encoded = encode(value, codec, block)
+        encoded = encode(value.to(tensor.dtype), codec, block)
         self._residual[name] = value - decode(encoded).float()
         return encoded
 
     def reset(self) -> None:
+        """Forget every residual."""
         self._residual.clear()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 CODECS = ("none", "fp16", "bf16", "int8", "int4")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
             "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+FLOATING = ("float32", "float16", "bfloat16", "float64")
 
 
 class CodecError(ValueError):
@@ -42,11 +43,15 @@ def check_block(block: int) -> int:
 
 
 def payload_size(codec: str, dtype: str, numel: int, block: int) -> int:
-    """The exact payload length of ``numel`` values of ``dtype`` under ``codec``."""
+    """The exact payload length of ``numel`` values of ``dtype`` under ``codec``;
+    CodecError for an unknown codec or dtype, a bad block, or a lossy codec of
+    a tensor that is not floating."""
     if dtype not in ITEMSIZE:
         raise CodecError(f"unknown dtype {dtype!r}")
     if codec == "none":
         return numel * ITEMSIZE[dtype]
+    if codec in CODECS and dtype not in FLOATING:
+        raise CodecError(f"{codec} encodes floating tensors, not {dtype}")
     if codec in ("fp16", "bf16"):
         return numel * 2
     if codec in ("int8", "int4"):

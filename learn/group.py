@@ -1,77 +1,123 @@
 """One member's view of its training group, and timeouts that follow measurements.
 
-:class:`GroupView` keeps what each member's last hello said and when it came;
-a member not heard from for ``dead_after`` seconds is no longer live.
+:class:`GroupView` keeps what each other member last said about itself and
+when it was last heard from (a heartbeat or any other message); a member
+silent for :meth:`GroupView.dead_after` seconds is no longer live.  A member
+that joins while the group is in round r announces r+1 as its join round and
+contributes from then on, so a round's contributors are not changed by
+members arriving during it.
+
 :class:`RoundClock` sets exchange timeouts from the durations it has seen,
 so nobody has to tune them (hivemind's most common complaint).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
+
+ROLES = ("trainer", "observer")  # an observer follows the group and contributes nothing
 
 
 @dataclass
 class Member:
     peer: bytes
     round: int  # the round it works on
-    joined: int  # the first round it contributes to
+    joined: int | None  # the first round it contributes to; None until it says
+    role: str  # one of ROLES
+    throughput: float  # samples per second, as it reports them
     hash: bytes | None  # its state hash after round hash_round
     hash_round: int
     last_seen: float
 
 
 class GroupView:
-    """The members of one group that ``me`` has heard from."""
+    """The other members of one group that ``me`` has heard from."""
 
-    def __init__(self, me: bytes, *, heartbeat_interval: float = 2.0, min_timeout: float = 6.0):
+    def __init__(self, me: bytes, *, heartbeat_interval: float = 5.0, min_timeout: float = 10.0):
         self.me = me
         self.heartbeat_interval = heartbeat_interval
         self.min_timeout = min_timeout
         self.members: dict[bytes, Member] = {}
 
     def dead_after(self) -> float:
-        """Seconds of silence after which a member is not live."""
+        """Seconds of silence after which a member is not live: three missed
+        heartbeats, and never less than ``min_timeout``."""
         return max(self.min_timeout, 3 * self.heartbeat_interval)
 
     def heard(self, peer: bytes, info: dict, now: float) -> Member:
-        """Record ``peer``'s hello ``info``; ValueError if a field is malformed."""
-        round_, joined = info.get("round"), info.get("joined")
-        hash_, hash_round = info.get("hash"), info.get("hash_round")
-        if type(round_) is not int or type(joined) is not int or round_ < 0 or joined < 0:
-            raise ValueError("round and joined are non-negative integers")
-        if not (hash_ is None or (isinstance(hash_, bytes) and len(hash_) == 32)) or type(hash_round) is not int:
-            raise ValueError("hash is 32 bytes or nil, hash_round an integer")
-        member = self.members[peer] = Member(peer, round_, joined, hash_, hash_round, now)
+        """Record a message from ``peer`` at ``now``, and what ``info`` says of it
+        (any of ``round``, ``joined``, ``role``, ``throughput``, ``hash``,
+        ``hash_round``; what it leaves out stays as it was, other keys are the
+        caller's).  ValueError for a malformed field or for ``me``, and then
+        nothing changes."""
+        if peer == self.me:
+            raise ValueError("a member does not hear itself")
+        if not isinstance(info, dict):
+            raise ValueError("what a member says of itself is a map")
+        old = self.members.get(peer)
+        if old is None:
+            old = Member(peer, 0, None, "trainer", 0.0, None, -1, now)
+        member = Member(peer, info.get("round", old.round), info.get("joined", old.joined),
+                        info.get("role", old.role), info.get("throughput", old.throughput),
+                        info.get("hash", old.hash), info.get("hash_round", old.hash_round), now)
+        _check(member)
+        self.members[peer] = member
         return member
 
     def live(self, now: float) -> list[bytes]:
-        """Members heard from within :meth:`dead_after` (sorted)."""
-        return sorted(p for p, m in self.members.items() if now - m.last_seen <= self.dead_after())
+        """The members heard from less than :meth:`dead_after` seconds ago (sorted)."""
+        dead_after = self.dead_after()
+        return sorted(p for p, m in self.members.items() if now - m.last_seen < dead_after)
 
     def eligible(self, round: int, now: float) -> list[bytes]:
-        """Live members expected to contribute to ``round`` (joined by then)."""
-        return [p for p in self.live(now) if self.members[p].joined <= round]
+        """The live trainers that contribute to ``round``: they said they joined by then (sorted)."""
+        return [p for p in self.live(now)
+                if self.members[p].role == "trainer" and self.members[p].joined is not None
+                and self.members[p].joined <= round]
 
     def drop(self, peer: bytes) -> None:
+        """Forget ``peer`` (it said goodbye, or is known gone) until it is heard again."""
         self.members.pop(peer, None)
 
 
+def _check(member: Member) -> None:
+    if type(member.round) is not int or member.round < 0:
+        raise ValueError("round is a non-negative integer")
+    if member.joined is not None and (type(member.joined) is not int or member.joined < 0):
+        raise ValueError("joined is a non-negative integer or nil")
+    if member.role not in ROLES:
+        raise ValueError(f"role is one of {', '.join(ROLES)}")
+    if type(member.throughput) not in (int, float) or not 0 <= member.throughput < math.inf:
+        raise ValueError("throughput is a finite non-negative number")
+    if not (member.hash is None or (isinstance(member.hash, bytes) and len(member.hash) == 32)):
+        raise ValueError("hash is 32 bytes or nil")
+    if type(member.hash_round) is not int or member.hash_round < -1:
+        raise ValueError("hash_round is an integer, -1 for none")
+
+
 class RoundClock:
-    """Timeouts from measured durations: 3 × the 90th percentile of the last 20,
-    within [floor, ceiling]; ``default`` before the first measurement."""
+    """Timeouts from measured durations: 3 × the 90th percentile of the last
+    ``window``, within [floor, ceiling]; ``default`` (so clamped) before the
+    first measurement."""
 
     def __init__(self, *, floor: float = 5.0, ceiling: float = 600.0, default: float = 30.0, window: int = 20):
+        if not 0 <= floor <= ceiling or window < 1:
+            raise ValueError("a round clock needs 0 <= floor <= ceiling and a window of at least 1")
         self.floor, self.ceiling, self.default = floor, ceiling, default
         self._seen: deque[float] = deque(maxlen=window)
 
     def observe(self, seconds: float) -> None:
-        self._seen.append(max(0.0, seconds))
+        """Record one round's (or exchange's) duration; ValueError unless finite and non-negative."""
+        if not 0 <= seconds < math.inf:
+            raise ValueError(f"a duration is finite and non-negative, not {seconds}")
+        self._seen.append(seconds)
 
     def timeout(self) -> float:
+        """How long to wait for the next round."""
         if not self._seen:
             return min(max(self.default, self.floor), self.ceiling)
         ordered = sorted(self._seen)
-        p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+        p90 = ordered[math.ceil(0.9 * len(ordered)) - 1]  # nearest rank
         return min(max(3 * p90, self.floor), self.ceiling)

@@ -1,4 +1,10 @@
-"""Raw bytes of tensors and back, without numpy and without pickle."""
+"""Tensors as raw bytes and back (no numpy, no pickle), and sums whose bits
+do not depend on how many threads torch runs.
+
+torch's own full reductions (``sum``, ``mean``, ``var``, ``norm``) split the
+work by thread count, so two machines adding the same numbers can disagree in
+the last bits; :func:`fixed_sum` adds in an order fixed by the length alone.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ DTYPES = {
     "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
 }
 NAMES = {dtype: name for name, dtype in DTYPES.items()}
+_CHUNK = 4096
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -30,8 +37,11 @@ def tensor_bytes(tensor: torch.Tensor) -> bytearray:
 
 
 def tensor_from_bytes(data: bytes | memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """A tensor that owns a copy of ``data``; ValueError if the sizes disagree."""
-    torch_dtype = DTYPES[dtype]
+    """A tensor that owns a copy of ``data``; ValueError for an unknown dtype,
+    sizes that disagree, or a bool byte other than 0 or 1."""
+    torch_dtype = DTYPES.get(dtype)
+    if torch_dtype is None:
+        raise ValueError(f"unknown dtype {dtype!r}")
     numel = 1
     for n in shape:
         numel *= n
@@ -41,4 +51,19 @@ def tensor_from_bytes(data: bytes | memoryview, dtype: str, shape: tuple[int, ..
     if numel == 0:
         return torch.empty(shape, dtype=torch_dtype)
     raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    if torch_dtype is torch.bool and bool((raw > 1).any()):
+        raise ValueError("a bool is one byte, 0 or 1")
     return raw.view(torch_dtype).reshape(shape)
+
+
+def fixed_sum(x: torch.Tensor) -> torch.Tensor:
+    """The sum over the last dimension, bit-identical whatever the thread count:
+    zero-padded to whole chunks of 4096, each chunk summed, then the chunk sums
+    likewise until one chunk is left."""
+    x = x.contiguous()
+    while x.shape[-1] > _CHUNK:
+        pad = -x.shape[-1] % _CHUNK
+        if pad:
+            x = torch.cat([x, x.new_zeros(*x.shape[:-1], pad)], dim=-1)
+        x = x.unflatten(-1, (-1, _CHUNK)).sum(dim=-1)
+    return x.sum(dim=-1)

@@ -10,8 +10,8 @@ tensors themselves.  :class:`Decoder` checks every frame against
 
 A :class:`Contribution` says who sent which tensors for which round: its
 ``digest`` is blake3 over the tensors (names, codecs, dtypes, shapes,
-payloads, in name order) and its author signs it, so a copy passed on by
-another member cannot be altered or forged.  Signing and checking are
+blocks, payloads, in name order) and its author signs it, so a copy passed
+on by another member cannot be altered or forged.  Signing and checking are
 injected (meshd passes its Ed25519 identity).  No torch here.
 """
 
@@ -28,7 +28,10 @@ from .encoded import CodecError, Encoded, ITEMSIZE, payload_size
 
 CHUNK = 1 << 20
 DOMAIN = b"meshd-learn-v1\0"
-KINDS_MAX = 64  # characters in a contribution's kind
+MAX_GROUP = 256  # characters in a contribution's group
+MAX_KIND = 64  # ... and in its kind
+_HEADER = frozenset({"t", "codec", "dtype", "shape", "block", "bytes"})
+_FIELDS = ("group", "round", "author", "kind", "samples", "digest")  # a contribution's
 
 
 class WireError(ValueError):
@@ -37,6 +40,8 @@ class WireError(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
+    """What one decoder accepts from a peer: tensors, payload bytes in all, name length, dimensions."""
+
     max_tensors: int = 10_000
     max_bytes: int = 8 << 30
     max_name: int = 256
@@ -44,7 +49,8 @@ class Limits:
 
 
 def frames(named: Iterable[tuple[str, Encoded]]) -> Iterator[dict]:
-    """The frames that carry ``named`` ((name, Encoded) pairs)."""
+    """The frames that carry ``named`` ((name, Encoded) pairs), in order, made
+    as they are taken: a header, then chunks of at most :data:`CHUNK` bytes."""
     for name, enc in named:
         yield {"t": name, "codec": enc.codec, "dtype": enc.dtype, "shape": list(enc.shape),
                "block": enc.block, "bytes": len(enc.payload)}
@@ -54,7 +60,10 @@ def frames(named: Iterable[tuple[str, Encoded]]) -> Iterator[dict]:
 
 
 class Decoder:
-    """Rebuilds (name, Encoded) pairs from frames, checking each against the limits."""
+    """Rebuilds (name, Encoded) pairs from frames, checking each against the limits.
+
+    A decoder that raised has refused its stream; it is not fed again.
+    """
 
     def __init__(self, limits: Limits = Limits()):
         self.limits = limits
@@ -65,28 +74,35 @@ class Decoder:
         self._have = 0
 
     def feed(self, frame: object) -> list[tuple[str, Encoded]]:
-        """Take one frame; returns the tensors it completed (none or one)."""
+        """Take one frame; returns the tensors it completed (none or one).
+        WireError for a frame of the wrong shape, order or size."""
         if not isinstance(frame, dict):
             raise WireError("a frame is a map")
-        if "t" in frame:
+        if frame.keys() == {"c"}:
+            self._chunk(frame["c"])
+        elif "t" in frame:
+            if frame.keys() != _HEADER:
+                raise WireError(f"a tensor header has the fields {', '.join(sorted(_HEADER))}")
             if self._head is not None:
                 raise WireError(f"tensor {self._head['t']!r} ended early")
             self._start(frame)
-        elif "c" in frame:
-            chunk = frame["c"]
-            if self._head is None or not isinstance(chunk, bytes) or not 0 < len(chunk) <= CHUNK:
-                raise WireError("a payload chunk without a tensor header, or of a bad size")
-            self._parts.append(chunk)
-            self._have += len(chunk)
-            if self._have > self._head["bytes"]:
-                raise WireError(f"tensor {self._head['t']!r} has more bytes than announced")
         else:
             raise WireError("a frame is a tensor header or a payload chunk")
         return self._complete()
 
+    def _chunk(self, chunk: object) -> None:
+        if self._head is None:
+            raise WireError("a payload chunk without a tensor header")
+        if not isinstance(chunk, bytes) or not 0 < len(chunk) <= CHUNK:
+            raise WireError(f"a payload chunk is 1 to {CHUNK} bytes; an empty or bad one came")
+        self._have += len(chunk)
+        if self._have > self._head["bytes"]:
+            raise WireError(f"tensor {self._head['t']!r} has more bytes than announced")
+        self._parts.append(chunk)
+
     def _start(self, head: dict) -> None:
         limits = self.limits
-        name, shape = head.get("t"), head.get("shape")
+        name, shape = head["t"], head["shape"]
         if not isinstance(name, str) or not 0 < len(name) <= limits.max_name:
             raise WireError(f"a tensor name is 1-{limits.max_name} characters")
         if name in self._names:
@@ -96,11 +112,15 @@ class Decoder:
         if (not isinstance(shape, list) or len(shape) > limits.max_dims
                 or not all(type(n) is int and n >= 0 for n in shape)):
             raise WireError(f"{name}: a shape is at most {limits.max_dims} non-negative integers")
-        codec, dtype, block, size = head.get("codec"), head.get("dtype"), head.get("block"), head.get("bytes")
+        codec, dtype, block, size = head["codec"], head["dtype"], head["block"], head["bytes"]
         if not isinstance(codec, str) or dtype not in ITEMSIZE or type(block) is not int or type(size) is not int:
-            raise WireError(f"{name}: codec, dtype, block and bytes are required")
+            raise WireError(f"{name}: codec is a name, dtype one of {', '.join(ITEMSIZE)}, "
+                            "block and bytes integers")
+        numel = math.prod(shape)
+        if numel // 2 > limits.max_bytes:  # no codec takes less than half a byte a value
+            raise WireError(f"{name}: {shape} is more than {limits.max_bytes} bytes")
         try:
-            expected = payload_size(codec, dtype, math.prod(shape), block)
+            expected = payload_size(codec, dtype, numel, block)
         except CodecError as exc:
             raise WireError(f"{name}: {exc}") from None
         if size != expected:
@@ -143,19 +163,22 @@ class Contribution:
     group: str
     round: int
     author: bytes  # the author's 32-byte public key
-    kind: str  # "params", "state", "part:F:I", "reduced:F:I"
-    samples: int
-    digest: bytes
+    kind: str  # what the tensors are: "params", "delta", ... (the caller's names)
+    samples: int  # training samples behind them (a weight for averaging)
+    digest: bytes  # digest_of the tensors
 
     def signed_bytes(self) -> bytes:
+        """What the author signs: the domain prefix, then the fields as one msgpack array."""
         return DOMAIN + msgpack.packb([self.group, self.round, self.author, self.kind, self.samples, self.digest])
 
     def sign(self, sign: Callable[[bytes], bytes]) -> bytes:
+        """The author's signature, made by ``sign`` (its private key's)."""
         return sign(self.signed_bytes())
 
-    def verify(self, signature: bytes, verify: Callable[[bytes, bytes, bytes], bool]) -> bool:
-        """Whether ``signature`` is the author's over this contribution."""
-        return verify(self.author, signature, self.signed_bytes())
+    def verify(self, signature: object, verify: Callable[[bytes, bytes, bytes], bool]) -> bool:
+        """Whether ``signature`` is the author's over this contribution, as
+        ``verify(public_key, signature, data)`` checks it."""
+        return isinstance(signature, bytes) and bool(verify(self.author, signature, self.signed_bytes()))
 
     def to_wire(self) -> dict:
         return {"group": self.group, "round": self.round, "author": self.author, "kind": self.kind,
@@ -163,13 +186,19 @@ class Contribution:
 
     @classmethod
     def from_wire(cls, data: object) -> "Contribution":
-        """A contribution from a peer's map; WireError if a field is missing or bad."""
+        """A contribution from a peer's map; WireError unless it has exactly the
+        fields of :meth:`to_wire`, each well formed."""
         if not isinstance(data, dict):
             raise WireError("a contribution is a map")
-        group, round_, author = data.get("group"), data.get("round"), data.get("author")
-        kind, samples, digest = data.get("kind"), data.get("samples"), data.get("digest")
-        if not isinstance(group, str) or not isinstance(kind, str) or len(kind) > KINDS_MAX:
-            raise WireError("a contribution names its group and kind")
+        missing = [key for key in _FIELDS if key not in data]
+        if missing or len(data) != len(_FIELDS):
+            raise WireError(f"a contribution has the fields {', '.join(_FIELDS)}; missing: {', '.join(missing)}")
+        group, round_, author = data["group"], data["round"], data["author"]
+        kind, samples, digest = data["kind"], data["samples"], data["digest"]
+        if not isinstance(group, str) or not 0 < len(group) <= MAX_GROUP:
+            raise WireError(f"a contribution's group is 1-{MAX_GROUP} characters")
+        if not isinstance(kind, str) or not 0 < len(kind) <= MAX_KIND:
+            raise WireError(f"a contribution's kind is 1-{MAX_KIND} characters")
         if type(round_) is not int or round_ < 0 or type(samples) is not int or samples < 0:
             raise WireError("a contribution's round and samples are non-negative integers")
         if not isinstance(author, bytes) or len(author) != 32 or not isinstance(digest, bytes) or len(digest) != 32:

@@ -1,0 +1,279 @@
+"""learn.allreduce: DiLoCo's outer all-reduce with no coordinator, every finisher bit-identical."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from learn.allreduce import AllReduce, AllReduceError, partition
+
+TIMEOUT = 10.0
+
+
+def _keys(n, seed=0):
+    rng = random.Random(seed)
+    return sorted(rng.randbytes(32) for _ in range(n))
+
+
+def weighted_mean(parts, weights):
+    """Element by element, so any slice of the result is the result of the slices (bit for bit)."""
+    total = sum(weights)
+    acc = parts[0] * (weights[0] / total)
+    for part, weight in zip(parts[1:], weights[1:]):
+        acc = acc + part * (weight / total)
+    return acc
+
+
+def median(parts, weights):
+    return torch.stack(parts).median(dim=0).values
+
+
+def _bits(tensor):
+    return tensor.view(torch.int32).tolist()
+
+
+class Network:
+    """Members of one all-reduce exchanging messages in an order drawn from ``rng``; a member
+    that dies at a step sends nothing it had not sent by then and receives nothing more."""
+
+    def __init__(self, n, total, *, reduce=weighted_mean, seed=0, deaths=None, weights=None):
+        gen = torch.Generator().manual_seed(seed)
+        self.members = _keys(n, seed)
+        self.vectors = {m: torch.randn(total, generator=gen) for m in self.members}
+        self.weights = weights or {m: float(1 + i % 3) for i, m in enumerate(self.members)}
+        self.rng = random.Random(seed)
+        self.deaths = deaths or {}  # member -> deliveries after which it is dead
+        self.steps = 0
+        self.queue = []
+        self.ars = {m: AllReduce(m, self.members, self.vectors[m], reduce=reduce, weight=self.weights[m],
+                                 now=0.0, timeout=TIMEOUT) for m in self.members}
+        for m, ar in self.ars.items():
+            self.queue += [("part", m, peer, index, part) for peer, index, part in ar.outgoing()]
+            self._maybe_broadcast(m, True)
+
+    def alive(self, m):
+        return self.deaths.get(m, float("inf")) > self.steps
+
+    def _maybe_broadcast(self, m, changed):
+        ar = self.ars[m]
+        if changed and ar.reduced(ar.index) is not None:
+            tensor, used = ar.reduced(ar.index)
+            self.queue += [("reduced", m, peer, ar.index, (tensor.clone(), used)) for peer in self.members if peer != m]
+
+    def drain(self):
+        while self.queue:
+            kind, src, dst, index, payload = self.queue.pop(self.rng.randrange(len(self.queue)))
+            if not (self.alive(src) and self.alive(dst)):
+                continue
+            self.steps += 1
+            if kind == "part":
+                self._maybe_broadcast(dst, self.ars[dst].received_part(src, index, payload.clone(),
+                                                                        self.weights[src]))
+            else:
+                self.ars[dst].received_reduced(src, index, *payload)
+
+    def run(self):
+        self.drain()
+        for at in (TIMEOUT, 2 * TIMEOUT):
+            for m in self.survivors():
+                self._maybe_broadcast(m, self.ars[m].expire(at))
+            self.drain()
+        return {m: self.ars[m] for m in self.survivors()}
+
+    def survivors(self):
+        return [m for m in self.members if self.alive(m)]
+
+
+@given(st.integers(0, 10_000), st.integers(1, 40))
+@settings(max_examples=100, deadline=None)
+def test_a_partition_covers_the_vector_once_in_balanced_contiguous_parts(total, n):
+    ranges = partition(total, _keys(n, n))
+    assert len(ranges) == n
+    assert ranges[0][0] == 0 and ranges[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous, no gap, no overlap
+    sizes = [hi - lo for lo, hi in ranges]
+    assert min(sizes) >= 0 and max(sizes) - min(sizes) <= 1
+    assert partition(total, _keys(n, n)) == ranges  # deterministic
+
+
+def test_a_partition_needs_members_and_a_size():
+    with pytest.raises(ValueError):
+        partition(10, [])
+    with pytest.raises(ValueError):
+        partition(-1, _keys(2))
+
+
+@given(st.integers(0, 300), st.integers(0, 2**32), st.sampled_from([weighted_mean, median]))
+@settings(max_examples=40, deadline=None)
+def test_five_members_end_bit_identical_and_equal_to_the_reduce_over_whole_vectors(total, seed, reduce):
+    net = Network(5, total, reduce=reduce, seed=seed)
+    finished = net.run()
+    results = [ar.result() for ar in finished.values()]
+    assert all(r is not None for r in results)
+    assert all(_bits(r) == _bits(results[0]) for r in results)
+    whole = reduce([net.vectors[m] for m in net.members], [net.weights[m] for m in net.members])
+    assert _bits(results[0]) == _bits(whole)
+    for ar in finished.values():
+        assert ar.missing_parts() == [] and ar.done()
+        assert all(ar.reduced(i)[1] == net.members for i in range(5))  # everyone's part was used
+
+
+@given(st.integers(5, 200), st.integers(0, 2**32), st.integers(0, 4), st.integers(0, 40))
+@settings(max_examples=80, deadline=None)
+def test_with_a_member_dead_mid_round_survivors_never_disagree(total, seed, who, when):
+    net = Network(5, total, seed=seed, deaths={_keys(5, seed)[who]: when})
+    finished = net.run()
+    assert len(finished) == 4
+    done = [ar.result() for ar in finished.values() if ar.result() is not None]
+    assert all(_bits(r) == _bits(done[0]) for r in done)  # all with a result hold the same bits
+    for index in range(5):
+        have = [ar.reduced(index) for ar in finished.values() if ar.reduced(index) is not None]
+        assert all(_bits(t) == _bits(have[0][0]) and used == have[0][1] for t, used in have)
+    for ar in finished.values():
+        assert ar.done()
+        assert (ar.result() is None) == bool(ar.missing_parts())
+
+
+def test_a_reducer_that_dies_before_reducing_leaves_its_part_missing_everywhere():
+    members = _keys(5, 7)
+    net = Network(5, 100, seed=7, deaths={members[2]: 0})
+    finished = net.run()
+    for ar in finished.values():
+        assert ar.missing_parts() == [2] and ar.result() is None
+    others = [[_bits(ar.reduced(i)[0]) for i in (0, 1, 3, 4)] for ar in finished.values()]
+    assert all(o == others[0] for o in others)
+
+
+def test_a_contributor_whose_parts_never_arrive_is_left_out_of_those_parts_the_same_way_everywhere():
+    members = _keys(5, 8)
+    cut_off = members[3]
+    net = Network(5, 103, seed=8)
+    net.queue = [msg for msg in net.queue if msg[1] != cut_off]  # its parts are lost; it still reduces its own
+    finished = net.run()
+    results = [ar.result() for ar in finished.values()]
+    assert all(r is not None and _bits(r) == _bits(results[0]) for r in results)
+    others = [m for m in members if m != cut_off]
+    without = weighted_mean([net.vectors[m] for m in others], [net.weights[m] for m in others])
+    with_all = weighted_mean([net.vectors[m] for m in members], [net.weights[m] for m in members])
+    ranges = partition(103, members)
+    for index, (lo, hi) in enumerate(ranges):
+        expected, used = (with_all, members) if index == 3 else (without, others)
+        assert _bits(results[0][lo:hi]) == _bits(expected[lo:hi])
+        assert all(ar.reduced(index)[1] == used for ar in finished.values())
+
+
+def test_a_reducer_waits_for_every_contributor_until_the_parts_deadline():
+    members = _keys(3, 1)
+    vectors = [torch.full((6,), float(i)) for i in range(3)]
+    ar = AllReduce(members[0], members, vectors[0], reduce=weighted_mean, now=100.0, timeout=5.0)
+    assert ar.index == 0 and ar.parts_deadline == 105.0 and ar.deadline == 110.0
+    assert ar.contributors_missing() == members[1:]
+    assert ar.received_part(members[1], 0, vectors[1][:2].clone())
+    assert ar.reduced(0) is None
+    assert not ar.expire(104.9) and ar.reduced(0) is None
+    assert ar.contributors_missing() == [members[2]]
+    assert ar.expire(105.0)  # reduced now, over the two it has
+    tensor, used = ar.reduced(0)
+    assert used == members[:2] and tensor.tolist() == [0.5, 0.5]
+    assert not ar.received_part(members[2], 0, vectors[2][:2].clone())  # too late: ignored
+    assert not ar.expire(106.0)
+    assert ar.reduced(0)[1] == members[:2]
+
+
+def test_a_reducer_reduces_as_soon_as_every_part_is_in():
+    members = _keys(3, 2)
+    ar = AllReduce(members[1], members, torch.ones(9), reduce=weighted_mean, weight=2.0, now=0.0, timeout=5.0)
+    assert [(peer, index, part.tolist()) for peer, index, part in ar.outgoing()] == [
+        (members[0], 0, [1.0] * 3), (members[2], 2, [1.0] * 3)]
+    assert ar.received_part(members[0], 1, torch.zeros(3), 1.0)
+    assert ar.reduced(1) is None
+    assert ar.received_part(members[2], 1, torch.full((3,), 4.0), 1.0)
+    tensor, used = ar.reduced(1)
+    assert used == members and tensor.tolist() == [1.5] * 3  # (0·1 + 1·2 + 4·1) / 4
+
+
+def test_the_result_is_the_parts_in_order_once_all_are_in():
+    members = _keys(3, 3)
+    ar = AllReduce(members[2], members, torch.zeros(7), reduce=weighted_mean, now=0.0, timeout=5.0)
+    ranges = partition(7, members)
+    for peer in members[:2]:
+        ar.received_part(peer, 2, torch.zeros(2))
+    assert ar.result() is None and not ar.done()
+    ar.received_reduced(members[0], 0, torch.arange(0.0, 3.0), members)
+    assert ar.result() is None
+    ar.received_reduced(members[1], 1, torch.arange(3.0, 5.0), members[1:])
+    assert ranges == [(0, 3), (3, 5), (5, 7)]
+    assert ar.result().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 0.0, 0.0] and ar.done()
+    assert ar.reduced(1)[1] == members[1:]
+
+
+def test_a_member_alone_has_its_result_at_once():
+    me = _keys(1)[0]
+    ar = AllReduce(me, [me], torch.arange(5.0), reduce=weighted_mean, now=0.0, timeout=5.0)
+    assert ar.outgoing() == [] and ar.result().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_parts_whose_reduction_never_comes_are_missing_after_the_deadline():
+    members = _keys(3, 4)
+    ar = AllReduce(members[0], members, torch.zeros(6), reduce=weighted_mean, now=0.0, timeout=5.0)
+    ar.received_reduced(members[1], 1, torch.zeros(2), members)
+    assert ar.missing_parts() == [] and not ar.done()
+    ar.expire(9.9)
+    assert ar.missing_parts() == [] and ar.reduced(0)[1] == [members[0]]
+    ar.expire(10.0)
+    assert ar.missing_parts() == [2] and ar.done() and ar.result() is None
+    assert not ar.received_reduced(members[2], 2, torch.zeros(2), members)  # decided: stays missing
+    assert ar.missing_parts() == [2]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda ar, m: ar.received_part(m[1], 1, torch.zeros(2)), "reduces part 0"),
+    (lambda ar, m: ar.received_part(b"x" * 32, 0, torch.zeros(2)), "not a contributor"),
+    (lambda ar, m: ar.received_part(m[0], 0, torch.zeros(2)), "twice"),
+    (lambda ar, m: ar.received_part(m[1], 0, torch.zeros(3)), "2 values"),
+    (lambda ar, m: ar.received_part(m[1], 0, torch.zeros(1, 2)), "2 values"),
+    (lambda ar, m: ar.received_part(m[1], 0, torch.zeros(2, dtype=torch.float64)), "float32"),
+    (lambda ar, m: ar.received_part(m[1], 0, torch.tensor([1.0, float("nan")])), "finite"),
+    (lambda ar, m: ar.received_part(m[1], 0, torch.zeros(2), 0.0), "weight"),
+    (lambda ar, m: ar.received_reduced(m[1], 2, torch.zeros(2), m), "reduced by"),
+    (lambda ar, m: ar.received_reduced(m[0], 0, torch.zeros(2), m), "reduced by"),
+    (lambda ar, m: ar.received_reduced(m[1], 1, torch.zeros(3), m), "2 values"),
+    (lambda ar, m: ar.received_reduced(m[1], 1, torch.tensor([0.0, float("inf")]), m), "finite"),
+    (lambda ar, m: ar.received_reduced(m[1], 1, torch.zeros(2), [m[2], m[1]]), "sorted"),
+    (lambda ar, m: ar.received_reduced(m[1], 1, torch.zeros(2), [m[1], m[1]]), "sorted"),
+    (lambda ar, m: ar.received_reduced(m[1], 1, torch.zeros(2), [m[0], m[2]]), "its own"),
+    (lambda ar, m: ar.received_reduced(m[1], 1, torch.zeros(2), [m[1], b"x" * 32]), "not a contributor"),
+    (lambda ar, m: ar.received_reduced(m[1], 1, torch.zeros(2), "all"), "sorted"),
+    (lambda ar, m: ar.received_reduced(m[1], 7, torch.zeros(2), m), "no part 7"),
+])
+def test_what_a_peer_sends_is_checked(call, message):
+    members = _keys(3, 5)
+    ar = AllReduce(members[0], members, torch.zeros(6), reduce=weighted_mean, now=0.0, timeout=5.0)
+    with pytest.raises(AllReduceError, match=message):
+        call(ar, members)
+
+
+def test_the_same_reduced_part_twice_is_refused():
+    members = _keys(2, 6)
+    ar = AllReduce(members[0], members, torch.zeros(4), reduce=weighted_mean, now=0.0, timeout=5.0)
+    ar.received_reduced(members[1], 1, torch.zeros(2), members)
+    with pytest.raises(AllReduceError, match="twice"):
+        ar.received_reduced(members[1], 1, torch.zeros(2), members)
+
+
+def test_an_all_reduce_is_set_up_from_an_agreed_list_and_a_float32_vector():
+    members = _keys(3, 9)
+    make = lambda **kw: AllReduce(**{"me": members[0], "members": members, "vector": torch.zeros(6),
+                                     "reduce": weighted_mean, "now": 0.0, "timeout": 5.0, **kw})
+    for bad in [{"members": list(reversed(members))}, {"members": members + members[:1]},
+                {"me": b"x" * 32}, {"vector": torch.zeros(2, 3)}, {"vector": torch.zeros(6, dtype=torch.int64)},
+                {"weight": 0.0}, {"weight": float("nan")}, {"timeout": -1.0}]:
+        with pytest.raises(ValueError):
+            make(**bad)
+
+
+def test_a_reduce_that_returns_the_wrong_size_is_a_bug_and_says_so():
+    me = _keys(1)[0]
+    with pytest.raises(AllReduceError, match="reduce returned"):
+        AllReduce(me, [me], torch.zeros(4), reduce=lambda parts, weights: torch.zeros(3), now=0.0, timeout=1.0)

@@ -1,0 +1,102 @@
+"""Codecs beyond the round trips of test_learn_codecs: empty and oddly shaped
+tensors, the original dtype, malformed peer data, raw bytes of every dtype."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from learn.compress import CODECS, CodecError, ErrorFeedback, decode, encode
+from learn.encoded import Encoded, payload_size
+from learn.tensors import DTYPES, tensor_bytes, tensor_from_bytes
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (1,), (2, 3, 5)])
+def test_every_codec_round_trips_empty_and_multidimensional_tensors(codec, shape):
+    tensor = torch.randn(shape)
+    encoded = encode(tensor, codec)
+    assert len(encoded.payload) == payload_size(codec, "float32", tensor.numel(), 64)
+    back = decode(encoded)
+    assert back.shape == tensor.shape and back.dtype == torch.float32
+    assert torch.allclose(back, tensor, atol=0.3 * float(tensor.abs().max()) if tensor.numel() else 0)
+
+
+@given(st.integers(1, 700), st.sampled_from([64, 256]))
+@settings(max_examples=40, deadline=None)
+def test_int4_keeps_the_sign_and_exact_multiples_of_its_step(numel, block):
+    steps = torch.randint(-7, 8, (numel,)).float()
+    steps[::block] = 7  # each block's absmax is 7 steps, so every value is exact
+    tensor = steps * 0.25
+    assert torch.equal(decode(encode(tensor, "int4", block)), tensor)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_casts_and_none_give_back_the_original_dtype_quantized_give_float32(dtype):
+    tensor = torch.randn(100).to(dtype)
+    assert decode(encode(tensor, "none")).dtype == dtype
+    assert torch.equal(decode(encode(tensor, "none")), tensor)
+    for codec in ("fp16", "bf16"):
+        assert decode(encode(tensor, codec)).dtype == dtype
+    for codec in ("int8", "int4"):
+        assert decode(encode(tensor, codec)).dtype == torch.float32
+
+
+def test_lossy_codecs_refuse_integer_tensors_both_ways():
+    with pytest.raises(CodecError, match="floating"):
+        encode(torch.arange(10), "int8")
+    forged = Encoded("fp16", "int64", (10,), 64, bytes(20))
+    with pytest.raises(CodecError, match="floating"):
+        decode(forged)
+
+
+@pytest.mark.parametrize("bad", [
+    Encoded("int8", "float32", (-2, -2), 64, bytes(4 + 4)),
+    Encoded("int8", "float32", (2.5,), 64, bytes(8)),
+    Encoded("int8", "float32", (10,), 100, bytes(4 + 10)),
+    Encoded("int4", "float32", (10,), 64, bytes(4 + 6)),
+    Encoded("none", "complex64", (1,), 64, bytes(8)),
+    Encoded("gzip", "float32", (1,), 64, bytes(4)),
+])
+def test_malformed_peer_data_is_a_codec_error_never_another_exception(bad):
+    with pytest.raises(CodecError):
+        decode(bad)
+
+
+@given(st.binary(max_size=300), st.sampled_from(CODECS), st.integers(0, 80))
+@settings(max_examples=100, deadline=None)
+def test_random_payloads_decode_or_raise_codec_error(payload, codec, numel):
+    encoded = Encoded(codec, "float32", (numel,), 64, payload)
+    try:
+        assert decode(encoded).shape == (numel,)
+    except CodecError:
+        assert len(payload) != payload_size(codec, "float32", numel, 64)
+
+
+def test_error_feedback_keeps_the_tensors_dtype_and_forgets_on_reset():
+    feedback = ErrorFeedback()
+    tensor = torch.randn(300).to(torch.bfloat16)
+    assert decode(feedback.compress("w", tensor, "fp16")).dtype == torch.bfloat16
+    ramp = torch.linspace(-1, 1, 64)
+    first = decode(feedback.compress("v", ramp, "int4"))
+    assert not torch.equal(decode(feedback.compress("v", ramp, "int4")), first)
+    feedback.reset()
+    assert torch.equal(decode(feedback.compress("v", ramp, "int4")), first)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_raw_bytes_round_trip_every_wire_dtype_and_own_their_memory(dtype):
+    tensor = (torch.randn(4, 6) * 50).to(DTYPES[dtype]).t()  # not contiguous
+    data = tensor_bytes(tensor)
+    assert len(data) == tensor.numel() * tensor.element_size()
+    back = tensor_from_bytes(data, dtype, tuple(tensor.shape))
+    data[:] = bytes(len(data))
+    assert torch.equal(back, tensor)
+
+
+def test_raw_bytes_are_little_endian_row_major():
+    assert bytes(tensor_bytes(torch.tensor([[1, 2], [3, 256]], dtype=torch.int16))) == \
+        b"\x01\x00\x02\x00\x03\x00\x00\x01"
+    with pytest.raises(ValueError, match="cannot hold"):
+        tensor_from_bytes(b"\x00" * 7, "float32", (2,))
+    with pytest.raises(ValueError, match="dtype"):
+        tensor_from_bytes(b"", "complex64", (0,))

@@ -1,0 +1,53 @@
+"""Streaming DiLoCo's schedule beyond test_learn_math: every fragment once per
+H steps, evenly spaced, the split covers each name once, and refusals."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from learn.fragments import due, mix, split
+
+
+@given(st.integers(1, 200), st.data())
+@settings(max_examples=100, deadline=None)
+def test_every_fragment_syncs_once_in_any_h_consecutive_steps(inner_steps, data):
+    parts = data.draw(st.integers(1, inner_steps))
+    start = data.draw(st.integers(1, 3 * inner_steps))
+    synced = [p for step in range(start, start + inner_steps) for p in due(step, inner_steps, parts)]
+    assert sorted(synced) == list(range(parts))
+    assert due(inner_steps, inner_steps, parts)[-1] == parts - 1  # the last one ends the outer round
+
+
+def test_fragments_start_in_order_evenly_spaced():
+    starts = [step for step in range(1, 31) if due(step, 30, 3)]
+    assert starts == [10, 20, 30] and [due(s, 30, 3) for s in starts] == [[0], [1], [2]]
+    assert due(0, 30, 3) == [] and due(-30, 30, 3) == []
+    assert [due(s, 5, 1) for s in (4, 5, 10)] == [[], [0], [0]]
+
+
+@given(st.integers(1, 60), st.data())
+@settings(max_examples=60, deadline=None)
+def test_the_split_puts_every_name_in_exactly_one_fragment_in_model_order(count, data):
+    names = [f"layer{i}" for i in range(count)]
+    parts = data.draw(st.integers(1, count))
+    fragments = split(names, parts)
+    assert len(fragments) == parts and all(fragments)
+    assert sorted(n for f in fragments for n in f) == sorted(names)
+    assert all(f == sorted(f, key=names.index) for f in fragments)
+    assert all(names.index(n) % parts == p for p, f in enumerate(fragments) for n in f)
+
+
+def test_bad_schedules_are_refused():
+    for inner_steps, parts in ((0, 1), (5, 0), (5, 6)):
+        with pytest.raises(ValueError):
+            due(1, inner_steps, parts)
+    with pytest.raises(ValueError):
+        split([], 1)
+    with pytest.raises(ValueError):
+        split(["a", "b"], 0)
+
+
+def test_mix_is_alpha_local_plus_one_minus_alpha_global():
+    local, global_ = torch.tensor([4.0, 0.0]), torch.tensor([0.0, 8.0])
+    assert torch.equal(mix(local, global_, 0.25), torch.tensor([1.0, 6.0]))
+    assert torch.equal(mix(local, global_, 1.0), local)

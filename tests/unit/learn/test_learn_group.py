@@ -1,0 +1,169 @@
+"""learn.group: who is live in a group, who may contribute to a round, and timeouts that follow measurements."""
+
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from learn.group import GroupView, Member, RoundClock
+
+A, B, C, ME = b"a" * 32, b"b" * 32, b"c" * 32, b"m" * 32
+
+
+def _hello(round=0, joined=0, **more):
+    return {"round": round, "joined": joined, "hash": None, "hash_round": -1, **more}
+
+
+def test_a_member_not_heard_for_dead_after_seconds_is_not_live():
+    view = GroupView(ME, heartbeat_interval=1.0, min_timeout=2.0)
+    assert view.dead_after() == 3.0  # 3 heartbeats, above the floor
+    assert GroupView(ME, heartbeat_interval=1.0, min_timeout=10.0).dead_after() == 10.0
+    view.heard(A, _hello(), now=0.0)
+    view.heard(B, _hello(), now=2.0)
+    assert view.live(now=2.9) == [A, B]
+    assert view.live(now=3.0) == [B]  # silent for dead_after: gone
+    view.heard(A, {}, now=4.0)  # any message from it counts
+    assert view.live(now=4.0) == [A, B]
+
+
+def test_live_members_are_sorted_and_never_include_me():
+    view = GroupView(ME)
+    for peer in [C, A, B]:
+        view.heard(peer, _hello(), now=0.0)
+    assert view.live(now=1.0) == [A, B, C]
+    with pytest.raises(ValueError, match="itself"):
+        view.heard(ME, _hello(), now=0.0)
+
+
+def test_a_hello_is_recorded_and_a_later_message_keeps_what_it_does_not_say():
+    view = GroupView(ME)
+    member = view.heard(A, _hello(round=7, joined=3, role="observer", throughput=120.5,
+                                  hash=bytes(32), hash_round=6), now=1.0)
+    assert member == Member(peer=A, round=7, joined=3, role="observer", throughput=120.5, hash=bytes(32),
+                            hash_round=6, last_seen=1.0)
+    view.heard(A, {"round": 8}, now=2.0)
+    assert view.members[A] == Member(A, 8, 3, "observer", 120.5, bytes(32), 6, 2.0)
+
+
+def test_a_member_heard_of_only_through_other_messages_has_defaults_and_contributes_nothing():
+    view = GroupView(ME)
+    assert view.heard(A, {}, now=0.0) == Member(A, 0, None, "trainer", 0.0, None, -1, 0.0)
+    assert view.live(now=0.0) == [A]
+    assert view.eligible(100, now=0.0) == []  # it has not said from which round it contributes
+
+
+def test_a_member_that_joins_during_round_r_contributes_from_round_r_plus_1():
+    view = GroupView(ME)
+    view.heard(A, _hello(round=5, joined=0), now=0.0)
+    view.heard(B, _hello(round=5, joined=6), now=0.0)  # joined while the group was in round 5
+    assert view.eligible(5, now=1.0) == [A]
+    assert view.eligible(6, now=1.0) == [A, B]
+
+
+def test_only_live_trainers_are_eligible():
+    view = GroupView(ME, heartbeat_interval=1.0, min_timeout=3.0)
+    view.heard(A, _hello(), now=0.0)
+    view.heard(B, _hello(role="observer"), now=5.0)
+    view.heard(C, _hello(), now=5.0)
+    assert view.live(now=5.0) == [B, C]
+    assert view.eligible(0, now=5.0) == [C]
+
+
+def test_a_dropped_member_is_forgotten_until_heard_again():
+    view = GroupView(ME)
+    view.heard(A, _hello(joined=2), now=0.0)
+    view.drop(A)
+    view.drop(B)  # unknown: nothing to do
+    assert view.live(now=0.0) == [] and A not in view.members
+    view.heard(A, {}, now=1.0)
+    assert view.members[A].joined is None
+
+
+@pytest.mark.parametrize("bad", [
+    {"round": -1}, {"round": 1.5}, {"round": True}, {"joined": -2}, {"joined": "3"},
+    {"role": "boss"}, {"role": 1}, {"throughput": -1.0}, {"throughput": float("nan")},
+    {"throughput": float("inf")}, {"throughput": True}, {"hash": b"short"}, {"hash": "x" * 32},
+    {"hash_round": -2}, {"hash_round": 0.5},
+])
+def test_a_malformed_hello_is_refused_and_changes_nothing(bad):
+    view = GroupView(ME)
+    view.heard(A, _hello(round=1), now=0.0)
+    before = dict(view.members)
+    with pytest.raises(ValueError):
+        view.heard(A, {**_hello(round=2), **bad}, now=1.0)
+    with pytest.raises(ValueError):
+        view.heard(B, bad, now=1.0)
+    with pytest.raises(ValueError, match="map"):
+        view.heard(B, [bad], now=1.0)
+    assert view.members == before
+
+
+def test_the_round_clock_has_a_sane_default_before_any_measurement():
+    assert RoundClock().timeout() == 30.0
+    assert RoundClock(floor=40.0).timeout() == 40.0
+    assert RoundClock(ceiling=10.0).timeout() == 10.0
+
+
+def test_the_round_timeout_follows_measured_rounds():
+    clock = RoundClock(floor=1.0, ceiling=100.0)
+    for _ in range(20):
+        clock.observe(2.0)
+    assert clock.timeout() == 6.0
+    for _ in range(20):
+        clock.observe(10.0)  # the network got slower: the timeout follows
+    assert clock.timeout() == 30.0
+    for _ in range(20):
+        clock.observe(50.0)
+    assert clock.timeout() == 100.0  # the ceiling
+    for _ in range(20):
+        clock.observe(0.01)
+    assert clock.timeout() == 1.0  # the floor
+
+
+def test_the_round_timeout_is_three_times_the_90th_percentile_of_the_last_20():
+    clock = RoundClock(floor=0.0, ceiling=1e9)
+    for seconds in range(1, 101):  # only 81..100 are kept
+        clock.observe(float(seconds))
+    assert clock.timeout() == 3 * 98.0  # nearest rank: the 18th of 20
+    clock = RoundClock(floor=0.0, ceiling=1e9)
+    for seconds in [1.0] * 18 + [500.0] * 2:  # two stragglers out of 20 do not set it
+        clock.observe(seconds)
+    assert clock.timeout() == 3.0
+
+
+@given(st.lists(st.floats(0, 1e4), min_size=1, max_size=60))
+@settings(max_examples=100, deadline=None)
+def test_the_round_timeout_stays_within_floor_and_ceiling_and_covers_most_rounds(seen):
+    clock = RoundClock(floor=2.0, ceiling=3600.0)
+    for seconds in seen:
+        clock.observe(seconds)
+    timeout = clock.timeout()
+    assert 2.0 <= timeout <= 3600.0
+    last = seen[-20:]
+    covered = sum(s <= timeout for s in last)
+    assert covered >= 0.9 * len(last) or timeout == 3600.0
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_the_round_clock_refuses_a_duration_that_is_not_one(bad):
+    with pytest.raises(ValueError):
+        RoundClock().observe(bad)
+
+
+def test_the_round_clock_refuses_bounds_that_do_not_make_sense():
+    with pytest.raises(ValueError):
+        RoundClock(floor=10.0, ceiling=5.0)
+    with pytest.raises(ValueError):
+        RoundClock(window=0)
+
+
+def test_many_members_heard_at_random_times_are_live_exactly_when_heard_lately():
+    rng = random.Random(3)
+    view = GroupView(ME, heartbeat_interval=1.0, min_timeout=4.0)
+    last = {}
+    for step in range(500):
+        peer, now = bytes([rng.randrange(40)]) * 32, step * 0.1
+        view.heard(peer, {}, now=now)
+        last[peer] = now
+    now = 50.0
+    assert view.live(now) == sorted(p for p, t in last.items() if now - t < 4.0)

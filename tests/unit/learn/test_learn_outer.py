@@ -1,0 +1,58 @@
+"""The outer step and the state hash beyond test_learn_math: torch's other SGD
+paths, plain momentum, and what the hash covers."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from learn.outer import OuterSGD, state_hash
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("foreach", [True, False])
+def test_the_outer_step_is_torch_sgd_bit_for_bit_on_either_path(nesterov, foreach):
+    generator = torch.Generator().manual_seed(8)
+    theta = {"a": torch.randn(1000, generator=generator), "b": torch.randn(7, 3, generator=generator)}
+    ours = OuterSGD(lr=0.7, momentum=0.9, nesterov=nesterov)
+    params = {n: torch.nn.Parameter(t.clone()) for n, t in theta.items()}
+    reference = torch.optim.SGD(params.values(), lr=0.7, momentum=0.9, nesterov=nesterov, foreach=foreach)
+    for _ in range(10):
+        delta = {n: torch.randn(t.shape, generator=generator) for n, t in theta.items()}
+        theta = ours.step(theta, delta)
+        for n, p in params.items():
+            p.grad = delta[n].clone()
+        reference.step()
+    assert all(torch.equal(theta[n], params[n].detach()) for n in theta)
+    assert all(torch.equal(ours.momentum[n], reference.state[params[n]]["momentum_buffer"]) for n in theta)
+
+
+def test_the_outer_step_leaves_its_inputs_alone_and_repeats_exactly():
+    theta, delta = {"w": torch.randn(10)}, {"w": torch.randn(10)}
+    before = theta["w"].clone()
+    first, second = OuterSGD(), OuterSGD()
+    assert torch.equal(first.step(theta, delta)["w"], second.step(theta, delta)["w"])
+    assert torch.equal(theta["w"], before)
+    assert state_hash(first.momentum) == state_hash(second.momentum)
+
+
+@given(st.integers(0, 99), st.integers(0, 31))
+@settings(max_examples=60, deadline=None)
+def test_the_state_hash_changes_with_any_single_bit(index, bit):
+    generator = torch.Generator().manual_seed(9)
+    theta, momentum = {"a": torch.randn(60, generator=generator), "b": torch.randn(40, generator=generator)}, {}
+    flipped = {n: t.clone() for n, t in theta.items()}
+    name, i = ("a", index) if index < 60 else ("b", index - 60)
+    flipped[name].view(torch.int32)[i] ^= (1 << bit) - (1 << 32 if bit == 31 else 0)
+    assert state_hash(theta, momentum) != state_hash(flipped, momentum)
+    assert state_hash(theta, momentum) == state_hash({n: t.clone() for n, t in theta.items()}, {})
+
+
+def test_the_state_hash_covers_names_dtypes_shapes_and_which_state():
+    w = torch.zeros(6)
+    base = state_hash({"w": w}, {})
+    assert base != state_hash({"v": w}, {})
+    assert base != state_hash({"w": w.view(2, 3)}, {})
+    assert base != state_hash({"w": w.view(torch.int32)}, {})
+    assert base != state_hash({}, {"w": w})
+    assert state_hash({"w": torch.arange(6.0).view(2, 3).t()}, {}) == \
+        state_hash({"w": torch.arange(6.0).view(2, 3).t().contiguous()}, {})
