@@ -61,32 +61,39 @@ class AllReduce:
     ``weight`` is this member's weight in the reduction (its samples, say);
     the reducers wait for parts until ``now + timeout`` (:attr:`parts_deadline`)
     and every member for reduced parts until ``now + 2 × timeout`` (:attr:`deadline`).
+    A member not among ``members`` *follows* the round: it sends and reduces
+    nothing (``vector`` only gives the size, :attr:`index` is None) and takes
+    the reduced parts like the others, so it ends with the same bits.
     """
 
     def __init__(self, me: bytes, members: list[bytes], vector: torch.Tensor, *, reduce: Reduce,
                  weight: float = 1.0, now: float, timeout: float):
-        if list(members) != sorted(set(members)) or me not in members:
-            raise ValueError("the members are distinct keys in sorted order, this member among them")
+        if not members or list(members) != sorted(set(members)):
+            raise ValueError("the members are distinct keys in sorted order")
         if not isinstance(vector, torch.Tensor) or vector.dim() != 1 or vector.dtype != torch.float32:
             raise ValueError("an all-reduce averages one float32 vector")
         if not 0 <= timeout < math.inf:
             raise ValueError("the timeout is finite and non-negative")
         self.me, self.members = me, list(members)
-        self.index = self.members.index(me)  # the part this member reduces
+        self.index = self.members.index(me) if me in self.members else None  # the part this member reduces
         self.ranges = partition(vector.numel(), self.members)
         self.parts_deadline = now + timeout
         self.deadline = now + 2 * timeout
         self._vector = vector
         self._reduce = reduce
-        lo, hi = self.ranges[self.index]
-        self._parts = {me: (vector[lo:hi], _weight(weight))}  # contributor -> (part, weight), until reduced
+        self._parts = {}  # contributor -> (part, weight), until reduced
+        if self.index is not None:
+            lo, hi = self.ranges[self.index]
+            self._parts[me] = (vector[lo:hi], _weight(weight))
         self._reduced: dict[int, tuple[torch.Tensor, list[bytes]]] = {}  # index -> (values, contributors used)
         self._missing: list[int] | None = None  # decided at the deadline
-        if len(self.members) == 1:
+        if self.members == [me]:
             self._reduce_mine()
 
     def outgoing(self) -> list[tuple[bytes, int, torch.Tensor]]:
         """(reducer, part index, slice of the vector): what this member sends, one to each other member."""
+        if self.index is None:
+            return []
         return [(peer, i, self._vector[lo:hi]) for i, (peer, (lo, hi)) in enumerate(zip(self.members, self.ranges))
                 if peer != self.me]
 
@@ -95,6 +102,8 @@ class AllReduce:
         True if taken, False if it came after the reduction (ignored).
         AllReduceError for a part this member does not reduce, a peer that is
         not a contributor, a second part from one, or a malformed part."""
+        if self.index is None:
+            raise AllReduceError("this member follows the round and reduces no part")
         if index != self.index:
             raise AllReduceError(f"this member reduces part {self.index}, not part {index}")
         if peer not in self.members:
@@ -118,7 +127,7 @@ class AllReduce:
         member's part over the contributors it has; past the deadline, the parts
         not received are missing for good.  True if this call reduced (the
         reduced part is then to be sent)."""
-        reducing = now >= self.parts_deadline and self.index not in self._reduced
+        reducing = now >= self.parts_deadline and self.index is not None and self.index not in self._reduced
         if reducing:
             self._reduce_mine()
         if now >= self.deadline and self._missing is None:

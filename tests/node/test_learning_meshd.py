@@ -27,13 +27,13 @@ def _config(tmp_path) -> Config:
     return config
 
 
-async def open_nodes(stack: AsyncExitStack, tmp_path, count: int) -> list[meshd.Node]:
-    first = await stack.enter_async_context(
-        meshd.open_node(tmp_path / "n0", listen="127.0.0.1:0", config=_config(tmp_path)))
+async def open_nodes(stack: AsyncExitStack, tmp_path, count: int, config: Config | None = None) -> list[meshd.Node]:
+    config = config or _config(tmp_path)
+    first = await stack.enter_async_context(meshd.open_node(tmp_path / "n0", listen="127.0.0.1:0", config=config))
     rest = []
     for i in range(1, count):
         node = await stack.enter_async_context(meshd.open_node(
-            tmp_path / f"n{i}", listen="127.0.0.1:0", bootstrap=[str(first.address)], config=_config(tmp_path)))
+            tmp_path / f"n{i}", listen="127.0.0.1:0", bootstrap=[str(first.address)], config=config))
         await node.connect(first.address)
         rest.append(node)
     return [first, *rest]
@@ -115,3 +115,26 @@ async def test_learning_status_names_members_and_their_agreement(tmp_path):
         assert {m["peer"] for m in status["members"]} == {str(n.peer_id) for n in nodes}
         with pytest.raises(meshd.rpc.NotFound, match="not in group"):
             await control["learning.status"]({"group": "other"}, None)
+
+
+async def test_a_round_has_one_roster_even_where_members_views_differ(tmp_path):
+    config = Config()
+    config.learning = LearningSection(heartbeat_interval=30.0, discover_interval=30.0, round_timeout_min=2.0)
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 3, config)
+        groups = sorted((node.service("learning").join(GROUP, algorithm="diloco", rule="mean") for node in nodes),
+                        key=lambda g: g.me)
+        with trio.fail_after(10):
+            for group in groups:
+                for other in groups:
+                    if other is not group:
+                        group.heard_of(other.me)
+                        group.wake.set()
+                while len(group.live()) < 3:
+                    await group._heard.wait()
+        lowest, _, highest = groups
+        highest.view.drop(lowest.me)  # the highest member has lost sight of the lowest
+        assert lowest.me not in highest.contributors(0)
+        everyone = sorted(g.me for g in groups)
+        assert await highest.roster(0) == everyone  # taken from the middle one, which took it from the lowest
+        assert await lowest.roster(0) == everyone

@@ -74,6 +74,7 @@ class DiLoCo:
         self.samples = 0  # samples since the last exchange
         self.reports: list[SyncReport] = []
         self.resyncs = 0  # states taken from another member after the start
+        self.version = 0  # bumped whenever θ is written outside the inner step (an outer step, a resync)
         self._residual: dict[int, torch.Tensor] = {}  # error feedback, per fragment
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
         self._started = False
@@ -81,9 +82,14 @@ class DiLoCo:
     # --- the training loop's one call --------------------------------------------------------
 
     async def step(self, samples: int = 0) -> None:
-        """One inner optimizer step (then ``zero_grad``); the outer exchange when due."""
+        """One inner optimizer step (then ``zero_grad``); the outer exchange when due.
+
+        Every call lets the node run a moment (hellos, peers' requests), so a
+        training loop in the node's own process does not go silent to the
+        group between outer exchanges."""
         if not self._started:
             await self._start()
+        await trio.lowlevel.checkpoint()
         self.inner_opt.step()
         self.inner_opt.zero_grad(set_to_none=True)
         self.steps += 1
@@ -139,6 +145,7 @@ class DiLoCo:
         with torch.no_grad():
             for name, param in self._params.items():
                 param.copy_(self.theta[name])
+        self.version += 1
         group.round = contribution.round
         group.joined = contribution.round + 1 if contribution.round else 0
         self.steps = contribution.round * self.H
@@ -186,8 +193,7 @@ class DiLoCo:
             return result.value, result.clipped
 
         avg, sent, missing, used = await group.allreduce(
-            (round_, p), q, samples=samples, codec=self.compression, block=self.block,
-            encode=lambda t: encode(t, self.compression, self.block), decode=decode, reduce=reduce)
+            (round_, p), q, samples=samples, encode=lambda t: encode(t, self.compression, self.block), decode=decode, reduce=reduce)
         if self.compression != "none":
             self._residual[p] = q - sent
         gap = sum(hi - lo for lo, hi in missing)
@@ -215,6 +221,7 @@ class DiLoCo:
                 local = self._params[n]
                 value = mix(local.detach().float(), new[n], self.alpha) if streaming else new[n]
                 local.copy_(value)
+        self.version += 1
         if p == self.P - 1 or not streaming:
             self.samples = 0
             group.round = out["round"] + 1

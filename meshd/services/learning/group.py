@@ -12,6 +12,7 @@ contribution that heads it, and counted in :attr:`Group.bytes_in`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field as dc_field
@@ -19,7 +20,8 @@ from typing import AsyncIterator, Callable
 
 import trio
 
-from learn.allreduce import partition
+from learn.allreduce import AllReduce, AllReduceError, partition
+from learn.compress import CodecError, decode
 from learn.group import GroupView, RoundClock
 from learn.wire import Contribution, Decoder, Limits, WireError, digest_of, frames
 
@@ -31,7 +33,7 @@ from .config import LearningSection
 
 log = logging.getLogger("meshd.learning")
 
-KEEP_REDUCTIONS = 4  # finished all-reduce slices kept for late pullers
+KEEP_REDUCTIONS = 4  # all-reduces (and rosters) kept, the latest, for late pullers
 _HELLO_MEMBERS = 32  # other members one hello names
 
 
@@ -45,18 +47,18 @@ class Offer:
 
 
 @dataclass
-class Reduction:
-    """This member's slice of one all-reduce, as its reducer."""
+class Exchange:
+    """One all-reduce (round, fragment) as this member sees it."""
 
-    members: list[bytes]  # the contributors expected (sorted keys)
-    size: int  # values in the slice
-    codec: str
-    reduce: Callable  # (tensors, weights) -> (tensor, clipped indices)
-    received: dict[bytes, tuple] = dc_field(default_factory=dict)  # contributor -> (tensor, samples)
-    complete: trio.Event = dc_field(default_factory=trio.Event)  # every member's slice is in
-    done: trio.Event = dc_field(default_factory=trio.Event)
-    result: Offer | None = None
-    used: list[bytes] = dc_field(default_factory=list)
+    key: tuple[int, int]
+    core: AllReduce | None = None  # from when this member reaches the round
+    early: dict = dc_field(default_factory=dict)  # peer -> (index, part, samples) that came before the core
+    samples: dict = dc_field(default_factory=dict)  # contributor -> samples, as its part said
+    encoded: object = None  # this member's reduced slice, encoded
+    clipped: list = dc_field(default_factory=list)  # indices (into the used list) the rule clipped
+    used: list = dc_field(default_factory=list)  # the contributors the reduction used
+    offer: Offer | None = None  # the reduced slice, signed, for learning.reduced
+    reduced: trio.Event = dc_field(default_factory=trio.Event)
 
 
 class Group:
@@ -85,8 +87,9 @@ class Group:
         self._heard = trio.Event()  # set (and renewed) by every hello taken in
         self._heard_of: set[bytes] = set()  # named by the DHT or a hello, not heard from yet
         self._offers: dict[str, Offer] = {}
-        self._reductions: dict[tuple, Reduction] = {}
-        self._reducing = trio.Event()  # set (and renewed) whenever this member starts reducing a slice
+        self._exchanges: dict[tuple, Exchange] = {}  # (round, fragment) -> its all-reduce
+        self._rosters: dict[int, list[bytes]] = {}  # round -> its contributors, once agreed
+        self._roster_pending: dict[int, trio.Event] = {}  # rounds whose roster is being asked for
 
     # --- membership ---------------------------------------------------------------------
 
@@ -120,6 +123,11 @@ class Group:
             for other in others[:_HELLO_MEMBERS]:
                 if isinstance(other, bytes) and len(other) == 32:
                     self.heard_of(other)
+
+    def seen(self, peer: bytes) -> None:
+        """Note that member ``peer`` spoke (any request or signed answer): it is live now."""
+        if peer in self.view.members:
+            self.view.heard(peer, {}, trio.current_time())
 
     def to_greet(self) -> list[bytes]:
         """The members and possible members to say hello to this heartbeat."""
@@ -204,168 +212,228 @@ class Group:
             async with self._host.rpc.stream(peer, "learning.pull", {"group": self.name, "kind": kind}) as items:
                 return await self._receive(peer, items, kind=kind)
 
+    # --- the round's roster ----------------------------------------------------------------
+
+    async def roster(self, round: int) -> list[bytes]:
+        """The contributors of ``round`` (sorted keys), the same list on every member that asks.
+
+        A member takes the roster from the lowest-key live member that answers
+        ``learning.roster``, which takes it the same way from members below it,
+        so the roster is fixed once, by the lowest member reachable, and handed
+        on unchanged; a member with nobody below it that answers fixes it from
+        its own view (the live trainers that joined by ``round``).  Once had, a
+        roster never changes, so members that time each other out at different
+        moments still agree on who reduces which slice.  Members not on the
+        roster sit the round out and take its outcome like everyone else."""
+        while round not in self._rosters:
+            pending = self._roster_pending.get(round)
+            if pending is not None:
+                await pending.wait()
+                continue
+            pending = self._roster_pending[round] = trio.Event()
+            try:
+                self._rosters[round] = await self._ask_roster(round) or self.contributors(round)
+                while len(self._rosters) > KEEP_REDUCTIONS:
+                    del self._rosters[min(self._rosters)]
+            finally:
+                del self._roster_pending[round]
+                pending.set()
+        return self._rosters[round]
+
+    async def _ask_roster(self, round: int) -> list[bytes] | None:
+        """The roster of the lowest member below this one that answers, or None.
+
+        Members gone quiet are asked too (a busy member can be late with its
+        hellos and still be the one that fixed the roster), for a shorter
+        while, and one that does not answer is forgotten until heard again."""
+        live = set(self.view.live(trio.current_time()))
+        for peer in sorted(k for k in self.view.members if k < self.me):
+            try:
+                with trio.fail_after(self.clock.floor if peer in live else self.view.heartbeat_interval):
+                    reply = await self._host.rpc.call(PeerId(peer), "learning.roster",
+                                                      {"group": self.name, "round": round})
+                return self._check_roster(reply)
+            except (RpcError, trio.TooSlowError, OSError) as exc:
+                log.info("group %s: no roster of round %d from %s: %s", self.name, round, PeerId(peer).short(), exc)
+                if peer not in live:
+                    self.view.drop(peer)
+        return None
+
+    def _check_roster(self, reply: object) -> list[bytes]:
+        members = field(reply, "members", list)
+        if not 0 < len(members) <= self._config.max_members or members != sorted(set(members)) \
+                or not all(isinstance(m, bytes) and len(m) == 32 for m in members):
+            raise InvalidArgument("a roster is a sorted list of distinct 32-byte keys")
+        return members
+
     # --- the all-reduce ----------------------------------------------------------------------
 
-    async def allreduce(self, key: tuple, flat, *, samples: int, codec: str, block: int,
-                        encode: Callable, decode: Callable, reduce: Callable,
-                        ) -> tuple[object, object, list[tuple[int, int]], set[bytes]]:
-        """Average ``flat`` (a float32 vector) with the round's other contributors.
+    async def allreduce(self, key: tuple, flat, *, samples: int, encode: Callable, decode: Callable,
+                        reduce: Callable) -> tuple[object, object, list[tuple[int, int]], set[bytes]]:
+        """Average ``flat`` (a float32 vector) with the other contributors of round ``key[0]``.
 
-        The vector is cut into one slice per contributor (:func:`learn.allreduce.partition`
-        of the sorted contributor keys); each contributor reduces its slice of
-        everyone's vector with ``reduce`` and sends the result, so every member
-        gets each slice's one reduction.  ``encode``/``decode`` apply the codec;
-        ``key`` names the exchange (round, fragment).  Returns the averaged
-        vector, what the others received of ``flat`` (decoded: the caller keeps
-        the difference as error feedback), the (start, end) ranges that could
-        not be had (zeros there), and the contributors some reducer used.
-        """
+        The round's :meth:`roster` cuts the vector into one slice per
+        contributor and names each slice's reducer; :class:`learn.allreduce.AllReduce`
+        keeps the round and this shell moves its slices: parts to their
+        reducers (``learning.part``), reduced slices back (``learning.reduced``).
+        ``encode``/``decode`` apply the codec (a reducer keeps the decoding of
+        what it sends, so every member holds the same bits); ``reduce(tensors,
+        weights)`` returns the reduced slice and the indices of the
+        contributions it clipped; ``key`` is (round, fragment).  Returns the
+        averaged vector, what the others received of ``flat`` (decoded: the
+        caller keeps the difference as error feedback), the (start, end) ranges
+        that could not be had (zeros there), and the contributors some reducer
+        used.  A member not on the roster sends nothing (what it "sent" is
+        ``flat`` itself) and takes the reduced slices like the others."""
         import torch
 
         started = trio.current_time()
-        members = self.contributors(key[0])
+        members = await self.roster(key[0])
+        exchange = self._exchange(key)
         ranges = partition(flat.numel(), members)
-        mine = members.index(self.me)
-        start, end = ranges[mine]
-        reduction = self._reduction(key, members, end - start, codec, reduce)
-        out = torch.zeros_like(flat)
-        sent = torch.zeros_like(flat)
-        missing: list[tuple[int, int]] = []
-        used_by_any: set[bytes] = set()
+        contributing = self.me in members
+        encoded = [encode(flat[lo:hi]) for lo, hi in ranges] if contributing else []
+        sent = torch.cat([decode(e) for e in encoded]) if contributing else flat
+
+        def reduce_part(tensors, weights):
+            value, exchange.clipped = reduce(tensors, weights)
+            exchange.encoded = encode(value)
+            return decode(exchange.encoded)
+
         timeout = self.clock.timeout()
-
-        async def send(index: int) -> None:
-            lo, hi = ranges[index]
-            named = [("slice", encode(flat[lo:hi]))]
-            sent[lo:hi] = decode(named[0][1])
-            if members[index] == self.me:
-                self._take_part(reduction, self.me, sent[lo:hi].clone(), samples)
-                return
-            offer = self._sign(key[0], f"part:{key[1]}:{index}", named, samples)
-            head = {"group": self.name, "key": list(key), "index": index, "members": members}
-            try:
-                with trio.fail_after(timeout):
-                    await self._host.rpc.client_stream(
-                        PeerId(members[index]), "learning.part",
-                        self._items(PeerId(members[index]), offer, head), timeout=None)
-            except (RpcError, trio.TooSlowError, OSError) as exc:
-                log.info("group %s: slice %d to %s failed: %s", self.name, index,
-                         PeerId(members[index]).short(), exc)
-
-        async def fetch(index: int) -> None:
-            lo, hi = ranges[index]
-            try:
-                if members[index] == self.me:
-                    await reduction.done.wait()
-                    offer = reduction.result
-                    used = reduction.used
-                    tensor = decode(offer.named[0][1])
-                else:
-                    with trio.fail_after(2 * timeout):
-                        arg = {"group": self.name, "key": list(key), "index": index}
-                        async with self._host.rpc.stream(PeerId(members[index]), "learning.reduced", arg) as items:
-                            contribution, named, used = await self._receive(
-                                PeerId(members[index]), items, kind=f"reduced:{key[1]}:{index}", with_used=True)
-                    tensor = decode(named[0][1])
-                if tensor.numel() != hi - lo:
-                    raise InvalidArgument(f"slice {index} has {tensor.numel()} values, not {hi - lo}")
-                out[lo:hi] = tensor
-                used_by_any.update(used)
-            except (RpcError, trio.TooSlowError, OSError) as exc:
-                log.info("group %s: no reduced slice %d from %s: %s", self.name, index,
-                         PeerId(members[index]).short(), exc)
-                missing.append((lo, hi))
-
-        async def reduce_mine() -> None:
-            with trio.move_on_after(timeout):
-                await reduction.complete.wait()
-            self._finish(key, reduction, encode, decode)
-
+        core = exchange.core = AllReduce(self.me, members, sent, reduce=reduce_part, weight=max(1, samples),
+                                         now=trio.current_time(), timeout=timeout)
+        exchange.samples[self.me] = samples
+        for peer, (index, tensor, their_samples) in exchange.early.items():
+            with contextlib.suppress(InvalidArgument):  # sent under another roster: left out
+                self._take_part(exchange, peer, index, tensor, their_samples)
+        exchange.early.clear()
+        self._publish_reduced(exchange)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(reduce_mine)
-            for index in range(len(members)):
-                nursery.start_soon(send, index)
-                nursery.start_soon(fetch, index)
+            if contributing:
+                nursery.start_soon(self._reduce_when_due, exchange)
+            for peer, index, _ in core.outgoing():
+                nursery.start_soon(self._send_part, exchange, index, encoded[index], samples, timeout)
+            for index, peer in enumerate(members):
+                if peer != self.me:
+                    nursery.start_soon(self._fetch_reduced, exchange, index, decode)
+        core.expire(max(trio.current_time(), core.deadline))  # nothing more is on its way
+        out, used_by_any = torch.zeros_like(flat), set()
+        for index, (lo, hi) in enumerate(ranges):
+            got = core.reduced(index)
+            if got is not None:
+                out[lo:hi] = got[0]
+                used_by_any.update(got[1])
         self.clock.observe(trio.current_time() - started)
-        return out, sent, sorted(missing), used_by_any
+        return out, sent, [ranges[i] for i in core.missing_parts()], used_by_any
 
-    def _reduction(self, key: tuple, members: list[bytes], size: int, codec: str, reduce: Callable) -> Reduction:
-        reduction = self._reductions.get(key)
-        if reduction is None or reduction.reduce is None or reduction.members != members:
-            early = reduction.received if reduction is not None else {}
-            reduction = self._reductions[key] = Reduction(members, size, codec, reduce)
-            for peer, (tensor, samples) in early.items():  # slices that came before we did
-                if peer in members and tensor.numel() == size:
-                    self._take_part(reduction, peer, tensor, samples)
-            self._reducing.set()
-            self._reducing = trio.Event()
-        while len(self._reductions) > KEEP_REDUCTIONS:
-            del self._reductions[min(self._reductions)]
-        return reduction
+    def _exchange(self, key: tuple) -> Exchange:
+        exchange = self._exchanges.get(key)
+        if exchange is None:
+            exchange = self._exchanges[key] = Exchange(key)
+            while len(self._exchanges) > KEEP_REDUCTIONS:
+                del self._exchanges[min(self._exchanges)]
+        return exchange
 
-    def _take_part(self, reduction: Reduction, peer: bytes, tensor, samples: int) -> None:
-        if reduction.done.is_set() or peer in reduction.received:
+    def _take_part(self, exchange: Exchange, peer: bytes, index: int, tensor, samples: int) -> None:
+        try:
+            exchange.core.received_part(peer, index, tensor, max(1, samples))
+        except AllReduceError as exc:
+            raise InvalidArgument(str(exc)) from None
+        exchange.samples[peer] = samples
+        self._publish_reduced(exchange)
+
+    async def _reduce_when_due(self, exchange: Exchange) -> None:
+        """At the parts deadline, reduce this member's slice over the parts that came."""
+        with trio.move_on_at(exchange.core.parts_deadline):
+            await exchange.reduced.wait()
+        exchange.core.expire(max(trio.current_time(), exchange.core.parts_deadline))
+        self._publish_reduced(exchange)
+
+    def _publish_reduced(self, exchange: Exchange) -> None:
+        """Once this member's slice is reduced: count who was clipped, sign the slice, serve it."""
+        core = exchange.core
+        done = core.reduced(core.index) if core.index is not None else None
+        if done is None or exchange.reduced.is_set():
             return
-        reduction.received[peer] = (tensor, samples)
-        if all(m in reduction.received for m in reduction.members):
-            reduction.complete.set()
-
-    def _finish(self, key: tuple, reduction: Reduction, encode: Callable, decode: Callable) -> None:
-        """Reduce the slices that came, in contributor order, and offer the result."""
-        used = [m for m in reduction.members if m in reduction.received]
-        tensors = [reduction.received[m][0] for m in used]
-        weights = [max(1, reduction.received[m][1]) for m in used]
-        value, clipped = reduction.reduce(tensors, weights)
-        for index in clipped:
+        used = done[1]
+        for index in exchange.clipped:
             self.clipped[used[index]] += 1
         for member in used:
-            self.samples[member] = reduction.received[member][1]
-        reduction.used = used
-        reduction.result = self._sign(key[0], f"reduced:{key[1]}:{reduction.members.index(self.me)}",
-                                      [("slice", encode(value))], 0)
-        reduction.done.set()
+            self.samples[member] = exchange.samples[member]
+        round_, fragment = exchange.key
+        exchange.offer = self._sign(round_, f"reduced:{fragment}:{core.index}", [("slice", exchange.encoded)], 0)
+        exchange.used = used
+        exchange.reduced.set()
+
+    async def _send_part(self, exchange: Exchange, index: int, encoded, samples: int, timeout: float) -> None:
+        members = exchange.core.members
+        reducer = PeerId(members[index])
+        offer = self._sign(exchange.key[0], f"part:{exchange.key[1]}:{index}", [("slice", encoded)], samples)
+        head = {"group": self.name, "key": list(exchange.key), "index": index, "members": members}
+        try:
+            with trio.fail_after(timeout):
+                await self._host.rpc.client_stream(reducer, "learning.part", self._items(reducer, offer, head),
+                                                   timeout=None)
+        except (RpcError, trio.TooSlowError, OSError) as exc:
+            log.info("group %s: slice %d to %s failed: %s", self.name, index, reducer.short(), exc)
+
+    async def _fetch_reduced(self, exchange: Exchange, index: int, decode: Callable) -> None:
+        """Take reduced slice ``index`` from its reducer, or leave it missing at the round's deadline."""
+        core, (round_, fragment) = exchange.core, exchange.key
+        reducer = PeerId(core.members[index])
+        try:
+            with trio.fail_at(core.deadline):
+                arg = {"group": self.name, "key": [round_, fragment], "index": index}
+                async with self._host.rpc.stream(reducer, "learning.reduced", arg) as items:
+                    _, named, used = await self._receive(reducer, items, kind=f"reduced:{fragment}:{index}",
+                                                         round=round_, with_used=True)
+                core.received_reduced(reducer.key, index, decode(named[0][1]), used)
+        except (RpcError, trio.TooSlowError, OSError, CodecError, AllReduceError) as exc:
+            log.info("group %s: no reduced slice %d from %s: %s", self.name, index, reducer.short(), exc)
+
+    def _current_key(self, arg: object) -> tuple[int, int]:
+        """The exchange ``arg`` names, [round, fragment]: of the round before this
+        member's, its round or the next (so a peer cannot make it keep others)."""
+        key = tuple(field(arg, "key", list))
+        if len(key) != 2 or not all(type(k) is int and k >= 0 for k in key):
+            raise InvalidArgument("key is [round, fragment]")
+        if not self.round - 1 <= key[0] <= self.round + 1:
+            raise Unavailable(f"round {key[0]} is not current here (round {self.round})")
+        return key
 
     async def serve_part(self, peer: PeerId, head: object, items) -> dict:
-        """Take ``peer``'s slice for an all-reduce this member reduces."""
-        key = tuple(field(head, "key", list))
+        """Take ``peer``'s part of an all-reduce whose slice this member reduces."""
+        key = self._current_key(head)
         members = field(head, "members", list)
         index = field(head, "index", int)
-        if len(key) != 2 or not all(isinstance(k, int) for k in key):
-            raise InvalidArgument("key is [round, fragment]")
-        if key[0] < self.round - 1:
-            raise Unavailable(f"round {key[0]} is over here (round {self.round})")
         if peer.key not in members or members[index:index + 1] != [self.me]:
             raise PermissionDenied("this member does not reduce that slice for you")
         contribution, named = await self._receive(peer, items, kind=f"part:{key[1]}:{index}", round=key[0])
-        from learn.compress import decode  # noqa: PLC0415  (torch only where tensors are)
-
-        tensor = decode(named[0][1])
-        reduction = self._reductions.get(key)
-        if reduction is None:  # it came before we reached the round: keep it for then
-            reduction = self._reductions[key] = Reduction(sorted(members), tensor.numel(), named[0][1].codec,
-                                                          reduce=None)
-            reduction.received[peer.key] = (tensor, contribution.samples)
+        try:
+            tensor = decode(named[0][1])
+        except CodecError as exc:
+            raise InvalidArgument(f"bad part: {exc}") from None
+        exchange = self._exchange(key)
+        if exchange.core is None:  # it came before this member reached the round: keep it for then
+            if len(exchange.early) >= self._config.max_members:
+                raise Unavailable("too many parts wait for this member to reach the round")
+            exchange.early[peer.key] = (index, tensor, contribution.samples)
             return {"early": True}
-        if tensor.numel() != reduction.size:
-            raise InvalidArgument(f"the slice has {tensor.numel()} values, not {reduction.size}")
-        self._take_part(reduction, peer.key, tensor, contribution.samples)
+        if members != exchange.core.members:
+            raise InvalidArgument(f"your roster of round {key[0]} differs from this member's")
+        self._take_part(exchange, peer.key, index, tensor, contribution.samples)
         return {"ok": True}
 
     async def serve_reduced(self, peer: PeerId, arg: object) -> AsyncIterator[dict]:
-        key = tuple(field(arg, "key", list))
-        reduction = self._reductions.get(key)
-        deadline = self.clock.timeout() * 2
-        with trio.move_on_after(deadline):
-            while reduction is None or reduction.reduce is None:
-                await self._reducing.wait()
-                reduction = self._reductions.get(key)
-        if reduction is None or reduction.reduce is None:
-            raise Unavailable(f"this member has not reached exchange {list(key)}")
-        with trio.move_on_after(deadline):
-            await reduction.done.wait()
-        if reduction.result is None:
-            raise Unavailable(f"exchange {list(key)} is not reduced here yet")
-        async for item in self._send(peer, reduction.result, used=reduction.used):
+        """Send this member's reduced slice of exchange ``key`` once it has one (waiting for it a while)."""
+        exchange = self._exchange(self._current_key(arg))  # perhaps asked before this member reached the round
+        self.seen(peer.key)
+        with trio.move_on_after(2 * self.clock.timeout()):
+            await exchange.reduced.wait()
+        if exchange.offer is None:
+            raise Unavailable(f"exchange {list(key)} is not reduced here")
+        async for item in self._send(peer, exchange.offer, used=exchange.used):
             yield item
 
     # --- moving signed tensor sets -----------------------------------------------------------
@@ -403,6 +471,7 @@ class Group:
             decoder.finish()
             if digest_of(named) != contribution.digest:
                 raise InvalidArgument("the tensors do not match the signed digest")
+            self.seen(peer.key)
         except (WireError, ValueError) as exc:
             raise InvalidArgument(f"bad tensor set from {peer.short()}: {exc}") from None
         if with_used:

@@ -7,6 +7,8 @@ announce themselves as DHT providers of ``b"/learn/" + name`` and say hello
 its join round, its state hash and the other members it knows, so a group
 finds itself quickly and a member that stops saying hello drops out.
 
+A round's contributors are agreed over ``learning.roster``: fixed once by
+the lowest member reachable and handed on unchanged (:meth:`Group.roster`).
 Tensors move over three peer methods, each a set of named tensors in
 :mod:`learn.wire` frames behind a signed :class:`learn.wire.Contribution`:
 
@@ -33,12 +35,12 @@ from dht.ids import Contact
 from dht.network import DhtError
 
 from ...identity import PeerId
-from ...rpc import InvalidArgument, NotFound
+from ...rpc import InvalidArgument, NotFound, Unavailable
 from ...rpc.args import field
 from ...service import Host, Method
 from .config import LearningSection
 from .control import control_methods
-from .group import Group
+from .group import KEEP_REDUCTIONS as KEEP_ROSTERS, Group
 
 log = logging.getLogger("meshd.learning")
 
@@ -76,7 +78,8 @@ class Learning:
     # --- the Service shape ---------------------------------------------------------
 
     def rpc_methods(self) -> dict:
-        return {"learning.hello": self._serve_hello, "learning.pull": self._serve_pull,
+        return {"learning.hello": self._serve_hello, "learning.roster": self._serve_roster,
+                "learning.pull": self._serve_pull,
                 "learning.part": Method(self._serve_part, "client_stream"),
                 "learning.reduced": self._serve_reduced}
 
@@ -157,6 +160,14 @@ class Learning:
         group = self._group_of(arg)
         group.hello_from(ctx.peer, arg)
         return group.hello()
+
+    async def _serve_roster(self, arg, ctx) -> dict:
+        group = self._group_of(arg)
+        round_ = field(arg, "round", int)
+        if not group.round - KEEP_ROSTERS < round_ <= group.round + 1:
+            raise Unavailable(f"round {round_} is too far from this member's round {group.round}")
+        group.seen(ctx.peer.key)
+        return {"members": await group.roster(round_)}
 
     async def _serve_pull(self, arg, ctx):
         group = self._group_of(arg)

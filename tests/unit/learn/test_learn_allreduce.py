@@ -266,11 +266,25 @@ def test_an_all_reduce_is_set_up_from_an_agreed_list_and_a_float32_vector():
     members = _keys(3, 9)
     make = lambda **kw: AllReduce(**{"me": members[0], "members": members, "vector": torch.zeros(6),
                                      "reduce": weighted_mean, "now": 0.0, "timeout": 5.0, **kw})
-    for bad in [{"members": list(reversed(members))}, {"members": members + members[:1]},
-                {"me": b"x" * 32}, {"vector": torch.zeros(2, 3)}, {"vector": torch.zeros(6, dtype=torch.int64)},
+    for bad in [{"members": list(reversed(members))}, {"members": members + members[:1]}, {"members": []},
+                {"vector": torch.zeros(2, 3)}, {"vector": torch.zeros(6, dtype=torch.int64)},
                 {"weight": 0.0}, {"weight": float("nan")}, {"timeout": -1.0}]:
         with pytest.raises(ValueError):
             make(**bad)
+
+
+def test_a_member_off_the_list_follows_the_round_sends_nothing_and_ends_with_the_same_bits():
+    net = Network(3, 50, seed=4)
+    follower = b"\xff" * 32  # above every member's key, in no one's list
+    ar = AllReduce(follower, net.members, torch.zeros(50), reduce=weighted_mean, now=0.0, timeout=TIMEOUT)
+    assert ar.index is None and ar.outgoing() == []
+    with pytest.raises(AllReduceError, match="follows"):
+        ar.received_part(net.members[0], 0, torch.zeros(17))
+    finished = net.run()
+    for index, reducer in enumerate(net.members):
+        assert ar.received_reduced(reducer, index, *finished[reducer].reduced(index))
+    assert _bits(ar.result()) == _bits(finished[net.members[0]].result())
+    assert ar.expire(2 * TIMEOUT) is False and ar.missing_parts() == []
 
 
 def test_a_reduce_that_returns_the_wrong_size_is_a_bug_and_says_so():
