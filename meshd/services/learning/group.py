@@ -59,6 +59,8 @@ class Exchange:
     used: list = dc_field(default_factory=list)  # the contributors the reduction used
     offer: Offer | None = None  # the reduced slice, signed, for learning.reduced
     reduced: trio.Event = dc_field(default_factory=trio.Event)
+    served: set = dc_field(default_factory=set)  # members the reduced slice went to
+    served_all: trio.Event = dc_field(default_factory=trio.Event)  # ... every other member on the roster
 
 
 class Group:
@@ -312,6 +314,8 @@ class Group:
         async with trio.open_nursery() as nursery:
             if contributing:
                 nursery.start_soon(self._reduce_when_due, exchange)
+                if len(members) > 1:  # stay until the others have this member's slice (it may be its last round)
+                    nursery.start_soon(_wait_until, exchange.served_all, core.deadline)
             for peer, index, _ in core.outgoing():
                 nursery.start_soon(self._send_part, exchange, index, encoded[index], samples, timeout)
             for index, peer in enumerate(members):
@@ -435,6 +439,9 @@ class Group:
             raise Unavailable(f"exchange {list(key)} is not reduced here")
         async for item in self._send(peer, exchange.offer, used=exchange.used):
             yield item
+        exchange.served.add(peer.key)
+        if exchange.served >= set(exchange.core.members) - {self.me}:
+            exchange.served_all.set()
 
     # --- moving signed tensor sets -----------------------------------------------------------
 
@@ -480,6 +487,11 @@ class Group:
                 raise InvalidArgument("a reduced slice names the contributors it used")
             return contribution, named, used
         return contribution, named
+
+
+async def _wait_until(event: trio.Event, deadline: float) -> None:
+    with trio.move_on_at(deadline):
+        await event.wait()
 
 
 def _verify(public_key: bytes, signature: bytes, data: bytes) -> bool:
