@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -83,7 +84,12 @@ def main() -> None:
     parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16", "int8", "int4"])
     parser.add_argument("--heartbeat", type=float, default=0.5, help="seconds between hellos")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    trio.run(train, parser.parse_args())
+    parser.add_argument("-v", "--verbose", action="store_true", help="log the group's rounds to stderr")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    if args.verbose:
+        logging.getLogger("meshd.learning").setLevel(logging.INFO)
+    trio.run(train, args)
 
 
 if __name__ == "__main__":

@@ -75,9 +75,12 @@ class DiLoCo:
         self.reports: list[SyncReport] = []
         self.resyncs = 0  # states taken from another member after the start
         self.version = 0  # bumped whenever θ is written outside the inner step (an outer step, a resync)
+        self._taken = 0  # states taken from others: an exchange begun before one is not applied after it
+        self._resyncing = False
         self._residual: dict[int, torch.Tensor] = {}  # error feedback, per fragment
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
         self._started = False
+        self._offer_state()  # a member that joins before our first step can take it already
 
     # --- the training loop's one call --------------------------------------------------------
 
@@ -109,11 +112,10 @@ class DiLoCo:
     # --- joining ---------------------------------------------------------------------------------
 
     async def _start(self) -> None:
-        """Offer our state, hear the group once, and take the state of the member
+        """Hear the group once, and take the state of the member
         furthest ahead (lowest key among equals) if that is not us."""
         self._started = True
         group = self.group
-        self._offer_state()
         await group.settled.wait()
         best = group.best_member()
         if best != group.me:
@@ -125,13 +127,19 @@ class DiLoCo:
         self.group.offer("state", self.group.round, named)
 
     async def _resync(self, peer: bytes) -> None:
-        """Take θ, the outer momentum and the round from ``peer``."""
+        """Take θ, the outer momentum and the round from ``peer`` (unless a resync is under way),
+        and contribute from that round on."""
         group = self.group
+        if self._resyncing:
+            return
+        self._resyncing = True
         try:
             contribution, named = await group.pull(PeerId(peer), "state", timeout=group.clock.timeout())
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.warning("group %s: could not take the state of %s: %s", group.name, PeerId(peer).short(), exc)
             return
+        finally:
+            self._resyncing = False
         self.resyncs += self.group.hash is not None
         tensors = {name: decode(enc) for name, enc in named}
         theta = {n[len("theta/"):]: t for n, t in tensors.items() if n.startswith("theta/")}
@@ -146,8 +154,8 @@ class DiLoCo:
             for name, param in self._params.items():
                 param.copy_(self.theta[name])
         self.version += 1
-        group.round = contribution.round
-        group.joined = contribution.round + 1 if contribution.round else 0
+        self._taken += 1
+        group.round = group.joined = contribution.round  # off that round's roster, it follows the round
         self.steps = contribution.round * self.H
         self._publish_hash(contribution.round - 1)
         self._offer_state()
@@ -181,8 +189,7 @@ class DiLoCo:
 
     async def _exchange(self, round_: int, p: int, delta: torch.Tensor, samples: int) -> dict:
         group = self.group
-        if group.joined > round_:  # joined during this round: take its outcome instead
-            return {"round": round_, "skip": True}
+        taken = self._taken
         started, before = time.perf_counter(), sum(group.bytes_out.values())
         residual = self._residual.get(p)
         q = delta + residual if residual is not None else delta
@@ -199,13 +206,12 @@ class DiLoCo:
         gap = sum(hi - lo for lo, hi in missing)
         self.reports.append(SyncReport(round_, p, len(used), gap, sum(group.bytes_out.values()) - before,
                                        time.perf_counter() - started))
-        return {"round": round_, "avg": avg}
+        return {"round": round_, "avg": avg, "taken": taken}
 
     def _land(self, p: int, out: dict, *, streaming: bool) -> None:
-        """Apply the outer step for fragment ``p`` (or, after a skipped round, resync)."""
+        """Apply the outer step for fragment ``p``, unless a state taken meanwhile replaced θ."""
         group = self.group
-        if out.get("skip"):
-            self._service.spawn(self._catch_up)
+        if out["taken"] != self._taken:
             return
         names = sorted(self.fragments[p])
         offsets, at = {}, 0
@@ -234,12 +240,13 @@ class DiLoCo:
         self.group.hash_round = round_
 
     async def _check_hash(self) -> None:
-        """Resync from a member with the majority's hash if ours differs."""
-        peer = await self.group.dissent(3 * self._service.config.heartbeat_interval)
+        """Resync from a member with the majority's hash if ours differs, or
+        from the member furthest ahead if it is two rounds or more ahead of us
+        (we started alone, or were cut off a while)."""
+        group = self.group
+        peer = await group.dissent(3 * self._service.config.heartbeat_interval)
+        best = group.best_member()
+        if peer is None and best != group.me and group.view.members[best].round > group.round + 1:
+            peer = best
         if peer is not None:
             await self._resync(peer)
-
-    async def _catch_up(self) -> None:
-        best = self.group.best_member()
-        if best != self.group.me:
-            await self._resync(best)

@@ -51,7 +51,9 @@ class Exchange:
     """One all-reduce (round, fragment) as this member sees it."""
 
     key: tuple[int, int]
-    core: AllReduce | None = None  # from when this member reaches the round
+    core: AllReduce | None = None  # while this member is in the round
+    over: bool = False  # this member is done with the round (only the signed reduced slice is kept)
+    roster: list = dc_field(default_factory=list)  # the round's contributors
     early: dict = dc_field(default_factory=dict)  # peer -> (index, part, samples) that came before the core
     samples: dict = dc_field(default_factory=dict)  # contributor -> samples, as its part said
     encoded: object = None  # this member's reduced slice, encoded
@@ -160,7 +162,8 @@ class Group:
         return min(rounds, key=lambda k: (-rounds[k], k))
 
     async def dissent(self, wait: float) -> bytes | None:
-        """A member holding the majority's state hash if ours differs from it, else None.
+        """A member holding the majority's state hash if ours differs from it, else None
+        (in a tie, the hash the lowest member of the tied holds counts as the majority's).
 
         Waits (up to ``wait`` seconds) until every live member has said its hash
         for our round, then counts the hashes of that round, ours included."""
@@ -174,13 +177,13 @@ class Group:
         with trio.move_on_after(wait):
             while len(hashes()) < len(self.live()):
                 await self._heard.wait()
-        votes = Counter(h for h in hashes().values() if h is not None)
+        held = hashes()
+        votes = Counter(h for h in held.values() if h is not None)
         if not votes:
             return None
-        (top, count), = votes.most_common(1)
-        if self.hash == top or count <= sum(votes.values()) - count:
-            return None  # we agree, or there is no majority to follow
-        return min(k for k, h in hashes().items() if h == top)
+        lowest = {h: min(k for k, v in held.items() if v == h) for h in votes}
+        top = min(votes, key=lambda h: (-votes[h], lowest[h]))  # the majority; in a tie, the lowest member's
+        return None if self.hash == top else lowest[top]
 
     def contributors(self, round: int) -> list[bytes]:
         """The members expected to contribute to ``round`` (sorted keys)."""
@@ -222,8 +225,9 @@ class Group:
         A member takes the roster from the lowest-key live member that answers
         ``learning.roster``, which takes it the same way from members below it,
         so the roster is fixed once, by the lowest member reachable, and handed
-        on unchanged; a member with nobody below it that answers fixes it from
-        its own view (the live trainers that joined by ``round``).  Once had, a
+        on unchanged; a member with nobody below it that answers takes one a
+        member above already holds, or else fixes it from its own view (the
+        live trainers that joined by ``round``).  Once had, a
         roster never changes, so members that time each other out at different
         moments still agree on who reduces which slice.  Members not on the
         roster sit the round out and take its outcome like everyone else."""
@@ -243,23 +247,61 @@ class Group:
         return self._rosters[round]
 
     async def _ask_roster(self, round: int) -> list[bytes] | None:
-        """The roster of the lowest member below this one that answers, or None.
+        """The roster of the lowest member below this one that has or fixes one;
+        failing that, one a member above already holds (this member joined or
+        came back after it was fixed); None if nobody has one.
 
-        Members gone quiet are asked too (a busy member can be late with its
-        hellos and still be the one that fixed the roster), for a shorter
-        while, and one that does not answer is forgotten until heard again."""
-        live = set(self.view.live(trio.current_time()))
+        A member below that is live but slow to answer is asked again until it
+        answers or goes quiet (one busy member does not split the round); one
+        gone quiet is forgotten until heard again, so a dead member costs its
+        silence, once.  Members gone quiet are asked too: a busy member can be
+        late with its hellos and still be the one that fixed the roster."""
+        deadline = trio.current_time() + self.clock.timeout()
         for peer in sorted(k for k in self.view.members if k < self.me):
+            roster = await self._roster_from(peer, round, deadline)
+            if roster is not None:
+                return roster
+        found: list = []
+        async with trio.open_nursery() as nursery:
+            for peer in self.view.live(trio.current_time()):
+                if peer > self.me:
+                    nursery.start_soon(self._held_roster, peer, round, found, nursery.cancel_scope)
+        return found[0] if found else None
+
+    async def _roster_from(self, peer: bytes, round: int, deadline: float) -> list[bytes] | None:
+        arg = {"group": self.name, "round": round}
+        while True:
             try:
-                with trio.fail_after(self.clock.floor if peer in live else self.view.heartbeat_interval):
-                    reply = await self._host.rpc.call(PeerId(peer), "learning.roster",
-                                                      {"group": self.name, "round": round})
-                return self._check_roster(reply)
+                with trio.fail_after(self.clock.floor):
+                    return self._check_roster(await self._host.rpc.call(PeerId(peer), "learning.roster", arg))
+            except (NotFound, InvalidArgument, PermissionDenied) as exc:  # it will not give one: next
+                log.info("group %s: %s gives no roster of round %d: %s", self.name, PeerId(peer).short(), round, exc)
+                return None
             except (RpcError, trio.TooSlowError, OSError) as exc:
-                log.info("group %s: no roster of round %d from %s: %s", self.name, round, PeerId(peer).short(), exc)
-                if peer not in live:
-                    self.view.drop(peer)
-        return None
+                log.info("group %s: no roster of round %d from %s yet: %r", self.name, round, PeerId(peer).short(), exc)
+            if peer not in self.view.live(trio.current_time()):
+                self.view.drop(peer)
+                return None
+            if trio.current_time() >= deadline:
+                return None
+            with trio.move_on_after(self.view.heartbeat_interval):  # give it a moment, or hear it go quiet
+                await self._heard.wait()
+
+    async def _held_roster(self, peer: bytes, round: int, found: list, scope: trio.CancelScope) -> None:
+        arg = {"group": self.name, "round": round, "held": True}
+        try:
+            with trio.fail_after(self.view.heartbeat_interval):  # a quick look: a live member answers at once
+                found.append(self._check_roster(await self._host.rpc.call(PeerId(peer), "learning.roster", arg)))
+            scope.cancel()
+        except (RpcError, trio.TooSlowError, OSError):
+            pass
+
+    def held_roster(self, round: int) -> list[bytes]:
+        """The roster of ``round`` this member holds; NotFound if none."""
+        roster = self._rosters.get(round)
+        if roster is None:
+            raise NotFound(f"no roster of round {round} here")
+        return roster
 
     def _check_roster(self, reply: object) -> list[bytes]:
         members = field(reply, "members", list)
@@ -292,6 +334,7 @@ class Group:
         started = trio.current_time()
         members = await self.roster(key[0])
         exchange = self._exchange(key)
+        exchange.roster = members
         ranges = partition(flat.numel(), members)
         contributing = self.me in members
         encoded = [encode(flat[lo:hi]) for lo, hi in ranges] if contributing else []
@@ -314,7 +357,7 @@ class Group:
         async with trio.open_nursery() as nursery:
             if contributing:
                 nursery.start_soon(self._reduce_when_due, exchange)
-                if len(members) > 1:  # stay until the others have this member's slice (it may be its last round)
+                if len(members) > 1:  # stay until the others have this slice (it may be its last round)
                     nursery.start_soon(_wait_until, exchange.served_all, core.deadline)
             for peer, index, _ in core.outgoing():
                 nursery.start_soon(self._send_part, exchange, index, encoded[index], samples, timeout)
@@ -328,6 +371,7 @@ class Group:
             if got is not None:
                 out[lo:hi] = got[0]
                 used_by_any.update(got[1])
+        exchange.over, exchange.core, exchange.encoded = True, None, None  # keep the offer, not the vectors
         self.clock.observe(trio.current_time() - started)
         return out, sent, [ranges[i] for i in core.missing_parts()], used_by_any
 
@@ -419,6 +463,8 @@ class Group:
         except CodecError as exc:
             raise InvalidArgument(f"bad part: {exc}") from None
         exchange = self._exchange(key)
+        if exchange.over:
+            raise Unavailable(f"round {key[0]} is over here")
         if exchange.core is None:  # it came before this member reached the round: keep it for then
             if len(exchange.early) >= self._config.max_members:
                 raise Unavailable("too many parts wait for this member to reach the round")
@@ -436,11 +482,11 @@ class Group:
         with trio.move_on_after(2 * self.clock.timeout()):
             await exchange.reduced.wait()
         if exchange.offer is None:
-            raise Unavailable(f"exchange {list(key)} is not reduced here")
+            raise Unavailable(f"exchange {list(exchange.key)} is not reduced here")
         async for item in self._send(peer, exchange.offer, used=exchange.used):
             yield item
         exchange.served.add(peer.key)
-        if exchange.served >= set(exchange.core.members) - {self.me}:
+        if exchange.served >= set(exchange.roster) - {self.me}:
             exchange.served_all.set()
 
     # --- moving signed tensor sets -----------------------------------------------------------

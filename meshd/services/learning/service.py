@@ -35,7 +35,7 @@ from dht.ids import Contact
 from dht.network import DhtError
 
 from ...identity import PeerId
-from ...rpc import InvalidArgument, NotFound, Unavailable
+from ...rpc import InvalidArgument, NotFound
 from ...rpc.args import field
 from ...service import Host, Method
 from .config import LearningSection
@@ -164,9 +164,11 @@ class Learning:
     async def _serve_roster(self, arg, ctx) -> dict:
         group = self._group_of(arg)
         round_ = field(arg, "round", int)
-        if not group.round - KEEP_ROSTERS < round_ <= group.round + 1:
-            raise Unavailable(f"round {round_} is too far from this member's round {group.round}")
         group.seen(ctx.peer.key)
+        if arg.get("held"):
+            return {"members": group.held_roster(round_)}
+        if not group.round - KEEP_ROSTERS < round_ <= group.round + KEEP_ROSTERS:
+            raise NotFound(f"round {round_} is too far from this member's round {group.round}")
         return {"members": await group.roster(round_)}
 
     async def _serve_pull(self, arg, ctx):
