@@ -6,6 +6,7 @@ QUIC over 127.0.0.1 (DHT, hellos, signed tensor exchanges).
 
 from __future__ import annotations
 
+import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -14,56 +15,36 @@ import trio
 
 import meshd
 from meshd.services.learning import LearningSection
+from meshd.testing.digits import BATCH, accuracy, batches, digits, mlp, model_bytes, split_iid
+
+__all__ = ["BATCH", "GROUP", "SERVICE_TIMINGS", "accuracy", "batches", "config", "digits", "local_epochs", "mlp",
+           "model_bytes", "open_members", "split_classes", "split_iid", "train_diloco", "wait_group"]
 
 GROUP = "bench"
-BATCH = 32
+
+# [learning] timings as the service ships them (hellos every 2 s, a member silent for 6 s is not
+# live, DHT lookups every 10 s), for :func:`open_members`.  :func:`config`'s faster default (0.3 s,
+# dead after 0.9 s) loses members for good on a loaded 2-core machine: one hello or provider lookup
+# can take a second there, and a member gone stale is never greeted again (Group.to_greet).
+SERVICE_TIMINGS = dict(heartbeat_interval=2.0, discover_interval=10.0)
 
 
-def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Train and test tensors of scikit-learn's digits, scaled to [0, 1], a fixed split."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = torch.tensor(data.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(data.target, dtype=torch.long)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    x, y = x[order], y[order]
-    return x[:1437], y[:1437], x[1437:], y[1437:]
-
-
-def mlp(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-
-
-def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean())
-
-
-def model_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * 4 for p in model.parameters())
-
-
-def batches(x, y, member: int, step: int):
-    """Member ``member``'s batch at ``step`` (sampling with a per-member stream)."""
-    gen = torch.Generator().manual_seed(member * 1_000_003 + step)
-    idx = torch.randint(len(x), (BATCH,), generator=gen)
-    return x[idx], y[idx]
-
-
-def config() -> meshd.Config:
+def config(**learning) -> meshd.Config:
+    """A node's config: ``[learning]`` with fast heartbeats unless ``learning`` says otherwise."""
     cfg = meshd.Config()
-    cfg.learning = LearningSection(heartbeat_interval=0.3, discover_interval=1.0, round_timeout_min=5.0)
+    cfg.learning = LearningSection(**{"heartbeat_interval": 0.3, "discover_interval": 1.0,
+                                      "round_timeout_min": 5.0, **learning})
     return cfg
 
 
-async def open_members(stack: AsyncExitStack, root: Path, count: int) -> list:
-    first = await stack.enter_async_context(meshd.open_node(root / "m0", listen="127.0.0.1:0", config=config()))
+async def open_members(stack: AsyncExitStack, root: Path, count: int, **learning) -> list:
+    """``count`` nodes bootstrapped from the first; ``learning``: [learning] keys for :func:`config`."""
+    first = await stack.enter_async_context(meshd.open_node(root / "m0", listen="127.0.0.1:0",
+                                                            config=config(**learning)))
     nodes = [first]
     for i in range(1, count):
         node = await stack.enter_async_context(meshd.open_node(
-            root / f"m{i}", listen="127.0.0.1:0", bootstrap=[str(first.address)], config=config()))
+            root / f"m{i}", listen="127.0.0.1:0", bootstrap=[str(first.address)], config=config(**learning)))
         await node.connect(first.address)
         nodes.append(node)
     return nodes
@@ -77,16 +58,50 @@ async def wait_group(nodes, timeout: float = 30.0) -> None:
                 await trio.sleep(0.05)
 
 
-def split_iid(x, y, members: int):
-    return [(x[i::members], y[i::members]) for i in range(members)]
+async def train_diloco(opts, models, data, steps: int) -> float:
+    """Every member trains at once: ``steps`` inner steps on its own batches (:func:`batches`),
+    each ending in ``await opts[m].step(...)``; returns the wall seconds."""
+    async def train(m: int) -> None:
+        x, y = data[m]
+        for step in range(steps):
+            bx, by = batches(x, y, m, step)
+            torch.nn.functional.cross_entropy(models[m](bx), by).backward()
+            await opts[m].step(samples=BATCH)
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for m in range(len(opts)):
+            nursery.start_soon(train, m)
+    return time.perf_counter() - started
 
 
-def local_epochs(model, opt, x, y, epochs: int, seed: int) -> None:
+def split_classes(x, y, members: int, per_member: int = 2):
+    """A non-IID split: member m holds ``per_member`` classes, slots m·k to (m+1)·k − 1
+    of the classes listed over and over (0 .. C−1, then 1 .. C−1, 0, then 2 ..., each
+    pass turned by one), and each class's samples are dealt out evenly among the
+    members holding it.  Every sample goes to some member when ``members`` ·
+    ``per_member`` >= C (C classes); ValueError otherwise."""
+    classes = int(y.max()) + 1
+    if members * per_member < classes:
+        raise ValueError(f"{members} members holding {per_member} classes each leave a class out")
+    passes = -(-members * per_member // classes)
+    slots = [(c + p) % classes for p in range(passes) for c in range(classes)]
+    held = [set(slots[m * per_member:(m + 1) * per_member]) for m in range(members)]
+    parts: list[list[torch.Tensor]] = [[] for _ in range(members)]
+    for c in range(classes):
+        holders = [m for m in range(members) if c in held[m]]
+        idx = (y == c).nonzero().flatten()
+        for i, m in enumerate(holders):
+            parts[m].append(idx[i::len(holders)])
+    return [(x[torch.cat(p)], y[torch.cat(p)]) for p in parts]
+
+
+def local_epochs(model, opt, x, y, epochs: int, seed: int, batch: int = BATCH) -> None:
     gen = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=gen)
-        for at in range(0, len(x), BATCH):
-            idx = order[at:at + BATCH]
+        for at in range(0, len(x), batch):
+            idx = order[at:at + batch]
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()

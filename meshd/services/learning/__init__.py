@@ -3,9 +3,11 @@
 :class:`Learning` (:mod:`.service`) keeps the training groups a node is in;
 :class:`Group` (:mod:`.group`) is one group as this member sees it: who is
 live, and the signed tensor exchanges (pull, all-reduce).  The algorithms
-users call are :class:`GossipAverager` (:mod:`.averager`) and
-:class:`DiLoCo` (:mod:`.diloco`, Streaming DiLoCo with ``fragments > 1``);
-they import torch, the rest does not.  The round logic is :mod:`learn`.
+users call are :class:`GossipAverager` (:mod:`.averager`),
+:class:`DiLoCo` (:mod:`.diloco`, Streaming DiLoCo with ``fragments > 1``) and
+:class:`IslandDiLoCo` (:mod:`.island`, DiLoCo for a torch.distributed group
+whose rank 0 talks to the mesh); they import torch, the rest does not.
+The round logic is :mod:`learn`.
 """
 
 from .config import LearningSection
