@@ -16,12 +16,11 @@ import contextlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field as dc_field
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import trio
 
-from learn.allreduce import AllReduce, AllReduceError, partition
-from learn.compress import CodecError, decode
+from learn.encoded import CodecError
 from learn.group import GroupView, RoundClock
 from learn.wire import Contribution, Decoder, Limits, WireError, digest_of, frames
 
@@ -30,6 +29,9 @@ from ...rpc import InvalidArgument, NotFound, PermissionDenied, RpcError, Unavai
 from ...rpc.args import field
 from ...service import Host
 from .config import LearningSection
+
+if TYPE_CHECKING:
+    from learn.allreduce import AllReduce
 
 log = logging.getLogger("meshd.learning")
 
@@ -329,7 +331,8 @@ class Group:
         that could not be had (zeros there), and the contributors some reducer
         used.  A member not on the roster sends nothing (what it "sent" is
         ``flat`` itself) and takes the reduced slices like the others."""
-        import torch
+        import torch  # noqa: PLC0415  (torch, and learn's modules that use it, only where tensors are)
+        from learn.allreduce import AllReduce, partition  # noqa: PLC0415
 
         started = trio.current_time()
         members = await self.roster(key[0])
@@ -386,7 +389,7 @@ class Group:
     def _take_part(self, exchange: Exchange, peer: bytes, index: int, tensor, samples: int) -> None:
         try:
             exchange.core.received_part(peer, index, tensor, max(1, samples))
-        except AllReduceError as exc:
+        except ValueError as exc:  # learn.allreduce.AllReduceError: a bad or unexpected part
             raise InvalidArgument(str(exc)) from None
         exchange.samples[peer] = samples
         self._publish_reduced(exchange)
@@ -437,7 +440,7 @@ class Group:
                     _, named, used = await self._receive(reducer, items, kind=f"reduced:{fragment}:{index}",
                                                          round=round_, with_used=True)
                 core.received_reduced(reducer.key, index, decode(named[0][1]), used)
-        except (RpcError, trio.TooSlowError, OSError, CodecError, AllReduceError) as exc:
+        except (RpcError, trio.TooSlowError, OSError, ValueError) as exc:  # ValueError: CodecError, AllReduceError
             log.info("group %s: no reduced slice %d from %s: %s", self.name, index, reducer.short(), exc)
 
     def _current_key(self, arg: object) -> tuple[int, int]:
@@ -458,6 +461,8 @@ class Group:
         if peer.key not in members or members[index:index + 1] != [self.me]:
             raise PermissionDenied("this member does not reduce that slice for you")
         contribution, named = await self._receive(peer, items, kind=f"part:{key[1]}:{index}", round=key[0])
+        from learn.compress import decode  # noqa: PLC0415  (torch only where tensors are)
+
         try:
             tensor = decode(named[0][1])
         except CodecError as exc:
