@@ -7,6 +7,7 @@ live partners' parameters; a group answers for what it knows.
 
 from __future__ import annotations
 
+import time
 from contextlib import AsyncExitStack
 
 import pytest
@@ -138,3 +139,14 @@ async def test_a_round_has_one_roster_even_where_members_views_differ(tmp_path):
         everyone = sorted(g.me for g in groups)
         assert await highest.roster(0) == everyone  # taken from the middle one, which took it from the lowest
         assert await lowest.roster(0) == everyone
+
+
+async def test_a_group_that_stalled_past_its_timeout_finds_itself_again(tmp_path):
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 3)
+        avgs = [ml.GossipAverager(node, _model(seed=i), group=GROUP) for i, node in enumerate(nodes)]
+        await _everyone_knows_everyone(nodes)
+        groups = [avg.group for avg in avgs]
+        time.sleep(3 * groups[0].view.dead_after())  # the whole process stalls: every member looks gone
+        assert all(len(group.view.live(trio.current_time())) == 0 for group in groups)
+        await _everyone_knows_everyone(nodes)

@@ -136,19 +136,23 @@ class Group:
             self.view.heard(peer, {}, trio.current_time())
 
     def to_greet(self) -> list[bytes]:
-        """The members and possible members to say hello to this heartbeat."""
-        live = self.view.live(trio.current_time())
-        return sorted({*live, *self._heard_of} - {self.me})
+        """The members and possible members to say hello to this heartbeat: the
+        quiet ones too (after a stall every member looks quiet to every other,
+        and only greeting them brings the group back)."""
+        return sorted({*self.view.members, *self._heard_of} - {self.me})
 
     async def greet(self, peer: PeerId) -> None:
-        """Say hello to ``peer``; a peer that does not answer is not heard from."""
+        """Say hello to ``peer``; one that does not answer is not heard from, and
+        a quiet one that does not answer within a heartbeat is forgotten (the
+        DHT or another member's hello brings it back if it returns)."""
+        live = peer.key in self.view.live(trio.current_time())
         try:
-            with trio.fail_after(self.clock.floor):
+            with trio.fail_after(self.clock.floor if live else self.view.heartbeat_interval):
                 reply = await self._host.rpc.call(peer, "learning.hello", self.hello())
             self.hello_from(peer, reply)
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.debug("group %s: no hello from %s: %s", self.name, peer.short(), exc)
-            if isinstance(exc, NotFound):
+            if isinstance(exc, NotFound) or not live:
                 self._heard_of.discard(peer.key)
                 self.view.drop(peer.key)
 
