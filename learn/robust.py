@@ -28,6 +28,7 @@ every tensor by tau/K, √T times tau/K in all for T tensors.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -87,7 +88,8 @@ def parse_rule(text: str) -> Rule:
 def aggregate(tensors: list[torch.Tensor], weights: list[float] | None = None,
               rule: Rule | str = "mean") -> Aggregate:
     """Reduce ``tensors`` (one shape) with ``rule``; ``weights`` (non-negative,
-    a positive sum) apply to ``mean`` and below three contributions.  ValueError
+    a positive sum; each :func:`bounded` by the median) apply to ``mean`` and
+    below three contributions.  ValueError
     for no tensors, differing shapes or bad weights."""
     rule = parse_rule(rule) if isinstance(rule, str) else rule
     if not tensors:
@@ -143,8 +145,19 @@ def aggregate_state(states: list[dict[str, torch.Tensor]], weights: list[float] 
     return out, result.clipped
 
 
+MAX_WEIGHT_RATIO = 4  # no contribution weighs more than this many times the median one
+
+
+def bounded(weights: list[float]) -> list[float]:
+    """``weights`` with each capped at :data:`MAX_WEIGHT_RATIO` × their (lower)
+    median: weights are sample counts the contributors claim, and one claiming
+    2**63 samples must not take the whole average."""
+    cap = MAX_WEIGHT_RATIO * statistics.median_low(weights)
+    return [min(w, cap) for w in weights] if cap > 0 else list(weights)
+
+
 def _weighted_mean(flat: torch.Tensor, weights: list[float] | None) -> torch.Tensor:
-    w = torch.tensor(weights if weights is not None else [1.0] * len(flat), dtype=torch.float32)
+    w = torch.tensor(bounded(weights) if weights is not None else [1.0] * len(flat), dtype=torch.float32)
     return (flat * (w / w.sum())[:, None]).sum(dim=0)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from learn.robust import Rule, aggregate, aggregate_state, parse_rule
+from learn.robust import Rule, aggregate, aggregate_state, bounded, parse_rule
 
 
 def test_rule_strings_parse_to_their_parameters():
@@ -145,3 +145,11 @@ def test_robust_bits_do_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_a_contribution_claiming_huge_samples_weighs_at_most_four_times_the_median():
+    honest = [torch.zeros(4) for _ in range(3)]
+    liar = torch.full((4,), 100.0)
+    result = aggregate([*honest, liar], [32, 32, 32, 2**63], "mean")
+    assert torch.allclose(result.value, torch.full((4,), 100.0 * 128 / (3 * 32 + 128)))
+    assert bounded([32, 2**63]) == [32, 128] and bounded([0, 0, 5]) == [0, 0, 5]
