@@ -113,7 +113,8 @@ class Decoder:
                 or not all(type(n) is int and n >= 0 for n in shape)):
             raise WireError(f"{name}: a shape is at most {limits.max_dims} non-negative integers")
         codec, dtype, block, size = head["codec"], head["dtype"], head["block"], head["bytes"]
-        if not isinstance(codec, str) or dtype not in ITEMSIZE or type(block) is not int or type(size) is not int:
+        if (not isinstance(codec, str) or not isinstance(dtype, str) or dtype not in ITEMSIZE
+                or type(block) is not int or type(size) is not int):
             raise WireError(f"{name}: codec is a name, dtype one of {', '.join(ITEMSIZE)}, "
                             "block and bytes integers")
         numel = math.prod(shape)

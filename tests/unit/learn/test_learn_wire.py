@@ -75,6 +75,13 @@ def test_the_decoder_returns_each_tensor_when_its_last_chunk_arrives():
     decoder.finish()
 
 
+@pytest.mark.parametrize("field, junk", [("dtype", []), ("dtype", {}), ("codec", []), ("shape", {})])
+def test_an_unhashable_field_in_a_tensor_head_is_a_wire_error(field, junk):
+    [head, *rest] = frames([("0", Encoded("none", "float32", (), 64, bytes(4)))])
+    with pytest.raises(WireError):
+        _decode_all([{**head, field: junk}, *rest])
+
+
 @given(tensor_sets(), st.data())
 @settings(max_examples=100, deadline=None)
 def test_a_truncated_or_corrupted_stream_is_a_wire_error_and_nothing_else(named, data):
