@@ -36,6 +36,7 @@ async def cmd_status(client: meshd.Client, args) -> object:
     info = await client.learning_status(args.group)
     shown = [{**m, "peer": m["peer"][:16] + ("  (me)" if m["me"] else ""),
               "seen s ago": f"{m['seen_ago']:.1f}", "hash": (m["hash"] or "-")[:12],
+              "clipped": f"{m['clipped']}{'  SUSPECT' if m.get('suspect') else ''}",
               "agrees": {True: "yes", False: "NO", None: "-"}[m["agrees"]]}
              for m in info["members"]]
     title = (f"group {info['group']}: {info['algorithm']}, rule {info['rule']}, round {info['round']}, "

@@ -42,6 +42,7 @@ def _members(group, host) -> list[dict]:
             "seen_ago": 0.0 if key == group.me else max(0.0, now - member.last_seen),
             "path": "self" if key == group.me else (conn.path if conn is not None else None),
             "samples": group.samples.get(key, 0), "clipped": group.clipped.get(key, 0),
+            "suspect": key in group.suspects,
             "hash": _hex(hash_), "hash_round": hash_round,
             "agrees": None if majority is None or hash_round != newest else hash_ == majority,
         })

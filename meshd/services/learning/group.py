@@ -37,6 +37,7 @@ log = logging.getLogger("meshd.learning")
 
 KEEP_REDUCTIONS = 4  # all-reduces (and rosters) kept, the latest, for late pullers
 _HELLO_MEMBERS = 32  # other members one hello names
+SUSPECT_AFTER = 3  # rounds clipped before a member is reported
 
 
 @dataclass
@@ -87,6 +88,8 @@ class Group:
         self.bytes_out: Counter = Counter()
         self.samples: Counter = Counter()  # peer key -> samples contributed, last round it did
         self.clipped: Counter = Counter()  # peer key -> rounds its contribution was clipped
+        self.used: Counter = Counter()  # peer key -> rounds its contribution was in a reduction here
+        self.suspects: set[bytes] = set()  # members clipped in most of the rounds they sent here (reported)
         self.cancel_scope = trio.CancelScope()
         self.wake = trio.Event()  # greet now rather than at the next heartbeat
         self.settled = trio.Event()  # the first discovery and greeting are done
@@ -416,10 +419,22 @@ class Group:
             self.clipped[used[index]] += 1
         for member in used:
             self.samples[member] = exchange.samples[member]
+            self.used[member] += 1
+            self._suspect(member)
         round_, fragment = exchange.key
         exchange.offer = self._sign(round_, f"reduced:{fragment}:{core.index}", [("slice", exchange.encoded)], 0)
         exchange.used = used
         exchange.reduced.set()
+
+    def _suspect(self, member: bytes) -> None:
+        """Report (once, in the log and in ``meshctl learning status``) a member
+        whose contributions this member's rule clipped in at least
+        :data:`SUSPECT_AFTER` rounds and in most of the rounds it took part in."""
+        clipped = self.clipped[member]
+        if member not in self.suspects and clipped >= SUSPECT_AFTER and 2 * clipped > self.used[member]:
+            self.suspects.add(member)
+            log.warning("group %s: %s's contributions were clipped in %d of %d rounds: a bad or broken member?",
+                        self.name, PeerId(member).short(), clipped, self.used[member])
 
     async def _send_part(self, exchange: Exchange, index: int, encoded, samples: int, timeout: float) -> None:
         members = exchange.core.members

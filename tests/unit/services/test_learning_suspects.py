@@ -1,0 +1,21 @@
+"""A member whose contributions are clipped in most rounds is reported, once, and an honest one is not."""
+
+import logging
+
+from fakehost import FakeHost
+
+from meshd.services.learning import LearningSection
+from meshd.services.learning.group import SUSPECT_AFTER, Group
+
+
+def test_a_member_clipped_in_most_of_its_rounds_is_reported_once(tmp_path, caplog):
+    group = Group(FakeHost(tmp_path), LearningSection(), "run42", algorithm="diloco", rule="trimmed_mean")
+    bad, honest = b"\x01" * 32, b"\x02" * 32
+    with caplog.at_level(logging.WARNING, logger="meshd.learning"):
+        for round_ in range(2 * SUSPECT_AFTER):
+            for member, clipped in ((bad, True), (honest, round_ == 0)):
+                group.clipped[member] += clipped
+                group.used[member] += 1
+                group._suspect(member)
+    assert group.suspects == {bad}
+    assert len([r for r in caplog.records if "clipped in" in r.getMessage()]) == 1
