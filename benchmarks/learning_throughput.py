@@ -42,7 +42,6 @@ import os
 import queue
 import re
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -220,15 +219,6 @@ def row(system, measure, **kw) -> dict:
     return dict(system=system, measure=measure, **kw)
 
 
-_RECEIVER = r"""
-import socket, sys
-srv = socket.socket(fileno=int(sys.argv[1]))
-srv.settimeout(60); conn, _ = srv.accept(); conn.settimeout(60)
-view, total = memoryview(bytearray(4 << 20)), 0
-while n := conn.recv_into(view):
-    total += n
-conn.sendall(total.to_bytes(8, "big"))
-"""
 
 
 def ceiling_rows(mib: int) -> list[dict]:
@@ -246,22 +236,9 @@ def ceiling_rows(mib: int) -> list[dict]:
     rows.append(row("ceiling", f"memcpy {mib} MiB, 1 thread", mb_s=total / min(walls) / MB, seconds=min(walls),
                     detail="torch copy_, best of 3"))
 
-    with socket.create_server(("127.0.0.1", 0)) as srv:
-        proc = subprocess.Popen([sys.executable, "-c", _RECEIVER, str(srv.fileno())], pass_fds=[srv.fileno()])
-        addr = srv.getsockname()
-    try:
-        view = memoryview(os.urandom(16 * MiB))
-        with socket.create_connection(addr, timeout=60) as sock:
-            t0 = time.perf_counter()
-            for sent in range(0, total, len(view)):
-                sock.sendall(view[:total - sent])
-            sock.shutdown(socket.SHUT_WR)
-            got = int.from_bytes(sock.recv(8), "big")
-            wall = time.perf_counter() - t0
-        assert got == total, f"the receiver got {got} of {total} bytes"
-    finally:
-        proc.kill()
-        proc.wait(10)
+    from benchmarks.parts import tcp_copy_seconds
+
+    wall = tcp_copy_seconds(total)
     rows.append(row("ceiling", f"plain TCP {mib} MiB, 2 processes", mb_s=total / wall / MB, seconds=wall,
                     detail="16 MiB sendall -> recv_into, one way"))
 

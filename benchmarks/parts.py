@@ -12,9 +12,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -89,3 +91,37 @@ def run_anchor(python: str, script: Path, extra: list[str], timeout: float) -> d
             return {"error": f"failed rc={proc.returncode}: {output.strip()[-300:]}"}
         with open(out) as f:
             return json.load(f)
+
+
+_TCP_RECEIVER = r"""
+import socket, sys
+srv = socket.socket(fileno=int(sys.argv[1]))
+srv.settimeout(60); conn, _ = srv.accept(); conn.settimeout(60)
+view, total = memoryview(bytearray(4 << 20)), 0
+while n := conn.recv_into(view):
+    total += n
+conn.sendall(total.to_bytes(8, "big"))
+"""
+
+
+def tcp_copy_seconds(total: int) -> float:
+    """Seconds to send ``total`` bytes over loopback TCP to another process (16 MiB
+    ``sendall`` from memory, ``recv_into`` a 4 MiB buffer there): the machine's
+    ceiling for moving bytes between processes, measured in the caller's run."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:  # the child accepts on it
+        proc = subprocess.Popen([sys.executable, "-c", _TCP_RECEIVER, str(srv.fileno())], pass_fds=[srv.fileno()])
+        addr = srv.getsockname()
+    try:
+        view = memoryview(os.urandom(16 << 20))
+        with socket.create_connection(addr, timeout=60) as sock:
+            started = time.perf_counter()
+            for sent in range(0, total, len(view)):
+                sock.sendall(view[:total - sent])
+            sock.shutdown(socket.SHUT_WR)
+            got = int.from_bytes(sock.recv(8), "big")
+            wall = time.perf_counter() - started
+        assert got == total, f"the receiver got {got} of {total} bytes"
+        return wall
+    finally:
+        proc.kill()
+        proc.wait(10)

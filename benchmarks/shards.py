@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:1] = [str(REPO)]  # the repo, not this folder (benchmarks/nat.py shadows nat)
 import meshd  # noqa: E402
-from benchmarks.parts import ANCHORS, log, run_anchor, run_parts, save_json, stop_on_sigterm  # noqa: E402
+from benchmarks.parts import ANCHORS, log, run_anchor, run_parts, save_json, stop_on_sigterm, tcp_copy_seconds  # noqa: E402
 from meshd.control import socket_path  # noqa: E402
 from meshd.testing.localmesh import Daemon  # noqa: E402
 from meshd.services.shards.format import encode_tensors, write_safetensors  # noqa: E402
@@ -53,34 +52,8 @@ def row(part, measure, mb_s=None, wall_s=None, target="", met=None, detail=""):
     return dict(part=part, measure=measure, mb_s=mb_s, wall_s=wall_s, target=target, met=met, detail=detail)
 
 
-_RECEIVER = r"""
-import socket, sys
-srv = socket.socket(fileno=int(sys.argv[1]))
-srv.settimeout(60); conn, _ = srv.accept(); conn.settimeout(60)
-view, total = memoryview(bytearray(4 << 20)), 0
-while n := conn.recv_into(view):
-    total += n
-conn.sendall(total.to_bytes(8, "big"))
-"""
-
-
 def tcp_rows(total: int) -> list[dict]:
-    with socket.create_server(("127.0.0.1", 0)) as srv:  # the child accepts on it
-        proc = subprocess.Popen([sys.executable, "-c", _RECEIVER, str(srv.fileno())], pass_fds=[srv.fileno()])
-        addr = srv.getsockname()
-    try:
-        view = memoryview(os.urandom(16 * MiB))
-        with socket.create_connection(addr, timeout=60) as sock:
-            t0 = time.perf_counter()
-            for sent in range(0, total, len(view)):
-                sock.sendall(view[:total - sent])
-            sock.shutdown(socket.SHUT_WR)
-            got = int.from_bytes(sock.recv(8), "big")
-            wall = time.perf_counter() - t0
-        assert got == total, f"the receiver got {got} of {total} bytes"
-    finally:
-        proc.kill()
-        proc.wait(10)
+    wall = tcp_copy_seconds(total)
     return [row("TCP ceiling", "plain TCP copy, 2 processes", total / wall / MB, wall,
                 detail=f"{total / MiB:,.0f} MiB: 16 MiB sendall from memory -> recv_into a 4 MiB buffer")]
 
