@@ -52,40 +52,10 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:1] = [str(_HERE.parent)]  # the repo, not this folder (benchmarks/nat.py shadows nat)
 sys.path.append(str(_HERE))
 import meshd.learning as ml  # noqa: E402
-from learnkit import (GROUP, SERVICE_TIMINGS, accuracy, batches, digits, local_epochs, mlp,  # noqa: E402
-                      model_bytes, open_members, split_classes, split_iid, train_diloco, wait_group)
+from learnkit import (GROUP, SERVICE_TIMINGS, accuracy, data_parallel, digits, diloco_run,  # noqa: E402
+                      local_epochs, mlp, model_bytes, open_members, split_classes, split_iid, wait_group)
 
 # --- DiLoCo ---------------------------------------------------------------------------------------
-
-
-def data_parallel(data, x_test, y_test, members: int, steps: int) -> float:
-    model = mlp(0)
-    opt = torch.optim.AdamW(model.parameters(), 1e-3)
-    for step in range(steps):
-        opt.zero_grad()
-        for m, (x, y) in enumerate(data):
-            bx, by = batches(x, y, m, step)
-            (torch.nn.functional.cross_entropy(model(bx), by) / members).backward()
-        opt.step()
-    return accuracy(model, x_test, y_test)
-
-
-async def diloco_run(root: Path, data, x_test, y_test, members: int, steps: int, **kw) -> dict:
-    async with AsyncExitStack() as stack:
-        nodes = await open_members(stack, root, members, **SERVICE_TIMINGS)
-        models = [mlp(0) for _ in range(members)]
-        opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.AdamW(model.parameters(), 1e-3), group=GROUP, **kw)
-                for node, model in zip(nodes, models)]
-        await wait_group(nodes)
-        wall = await train_diloco(opts, models, data, steps)
-        hashes = {opt.group.hash for opt in opts}
-        sent = [sum(r.bytes_out for r in opt.reports) for opt in opts]  # exchanges, not the initial state
-        syncs = [r for opt in opts for r in opt.reports]
-        return {"acc": accuracy(models[0], x_test, y_test), "bytes": sum(sent) / len(sent), "agree": len(hashes) == 1,
-                "rounds": max(opt.group.hash_round for opt in opts) + 1, "wall": wall,
-                "sync_s": sorted(r.seconds for r in syncs)[len(syncs) // 2] if syncs else 0.0,
-                "per_sync": sorted(r.bytes_out for r in syncs)[len(syncs) // 2] if syncs else 0,
-                "resyncs": sum(opt.resyncs for opt in opts)}
 
 
 # --- gossip ------------------------------------------------------------------------------------------
@@ -252,7 +222,7 @@ async def diloco_table(console: Console, tmp: Path, x, y, x_test, y_test, args) 
     for col in ("run", "test acc", "MB sent / member", "fewer bytes than DP", "median kB / sync",
                 "hashes agree", "resyncs", "median sync s"):
         table.add_column(col)
-    dp = data_parallel(data, x_test, y_test, args.members, args.steps)
+    dp = accuracy(data_parallel(lambda: mlp(0), data, args.members, args.steps), x_test, y_test)
     dp_total = dp_bytes_per_step * args.steps
     table.add_row("data parallel (central)", f"{dp:.3f}", f"{dp_total / 1e6:.1f}", "1x", "-", "-", "-", "-")
     runs = [("H=10", dict(inner_steps=10)), ("H=50", dict(inner_steps=50)),
@@ -261,7 +231,8 @@ async def diloco_table(console: Console, tmp: Path, x, y, x_test, y_test, args) 
     if args.quick:
         runs = runs[1:3]
     for i, (label, kw) in enumerate(runs):
-        r = await diloco_run(tmp / f"d{i}", data, x_test, y_test, args.members, args.steps, **kw)
+        r = await diloco_run(tmp / f"d{i}", lambda: mlp(0), data, args.members, args.steps, **kw)
+        r["acc"] = accuracy(r["model"], x_test, y_test)
         table.add_row(label, f"{r['acc']:.3f}", f"{r['bytes'] / 1e6:.2f}", f"{dp_total / max(r['bytes'], 1):.0f}x",
                       f"{r['per_sync'] / 1e3:.0f}", "yes" if r["agree"] else "NO", str(r["resyncs"]),
                       f"{r['sync_s']:.2f}")

@@ -17,8 +17,9 @@ import meshd
 from meshd.services.learning import LearningSection
 from meshd.testing.digits import BATCH, accuracy, batches, digits, mlp, model_bytes, split_iid
 
-__all__ = ["BATCH", "GROUP", "SERVICE_TIMINGS", "accuracy", "batches", "config", "digits", "local_epochs", "mlp",
-           "model_bytes", "open_members", "split_classes", "split_iid", "train_diloco", "wait_group"]
+__all__ = ["BATCH", "GROUP", "SERVICE_TIMINGS", "accuracy", "batches", "config", "data_parallel", "digits",
+           "diloco_run", "local_epochs", "mlp", "model_bytes", "open_members", "split_classes", "split_iid",
+           "train_diloco", "wait_group"]
 
 GROUP = "bench"
 
@@ -105,3 +106,40 @@ def local_epochs(model, opt, x, y, epochs: int, seed: int, batch: int = BATCH) -
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
+
+
+def data_parallel(make_model, data, members: int, steps: int) -> torch.nn.Module:
+    """Synchronous data parallel computed centrally: one ``make_model()`` trained with AdamW
+    (lr 1e-3) on the members' batches, their gradients averaged every step; the model."""
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    for step in range(steps):
+        opt.zero_grad()
+        for m, (x, y) in enumerate(data):
+            bx, by = batches(x, y, m, step)
+            (torch.nn.functional.cross_entropy(model(bx), by) / members).backward()
+        opt.step()
+    return model
+
+
+async def diloco_run(root: Path, make_model, data, members: int, steps: int, **kw) -> dict:
+    """``members`` DiLoCo members (AdamW lr 1e-3 inside, ``kw`` for DiLoCo) train
+    ``make_model()`` on their ``data`` for ``steps`` inner steps: member 0's model,
+    bytes each sent in exchanges, whether their hashes agree, rounds, times."""
+    import meshd.learning as ml  # noqa: PLC0415  (torch's heavier half, for the runs that train)
+
+    async with AsyncExitStack() as stack:
+        nodes = await open_members(stack, root, members, **SERVICE_TIMINGS)
+        models = [make_model() for _ in range(members)]
+        opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.AdamW(model.parameters(), 1e-3), group=GROUP, **kw)
+                for node, model in zip(nodes, models)]
+        await wait_group(nodes)
+        wall = await train_diloco(opts, models, data, steps)
+        hashes = {opt.group.hash for opt in opts}
+        sent = [sum(r.bytes_out for r in opt.reports) for opt in opts]  # exchanges, not the initial state
+        syncs = [r for opt in opts for r in opt.reports]
+        return {"model": models[0], "bytes": sum(sent) / len(sent), "agree": len(hashes) == 1,
+                "rounds": max(opt.group.hash_round for opt in opts) + 1, "wall": wall,
+                "sync_s": sorted(r.seconds for r in syncs)[len(syncs) // 2] if syncs else 0.0,
+                "per_sync": sorted(r.bytes_out for r in syncs)[len(syncs) // 2] if syncs else 0,
+                "resyncs": sum(opt.resyncs for opt in opts)}
