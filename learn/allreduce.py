@@ -75,6 +75,7 @@ class AllReduce:
         if not 0 <= timeout < math.inf:
             raise ValueError("the timeout is finite and non-negative")
         self.me, self.members = me, list(members)
+        self._member_set = frozenset(self.members)  # membership checks in O(1): a peer's list is checked key by key
         self.index = self.members.index(me) if me in self.members else None  # the part this member reduces
         self.ranges = partition(vector.numel(), self.members)
         self.parts_deadline = now + timeout
@@ -106,7 +107,7 @@ class AllReduce:
             raise AllReduceError("this member follows the round and reduces no part")
         if index != self.index:
             raise AllReduceError(f"this member reduces part {self.index}, not part {index}")
-        if peer not in self.members:
+        if peer not in self._member_set:
             raise AllReduceError(f"{_short(peer)} is not a contributor")
         if self.index in self._reduced:
             return False
@@ -157,7 +158,7 @@ class AllReduce:
         tensor = self._check(index, tensor)
         if not isinstance(used, list) or not all(isinstance(u, bytes) for u in used):
             raise AllReduceError("used is a sorted list of distinct contributors' keys")
-        stranger = next((u for u in used if u not in self.members), None)
+        stranger = next((u for u in used if u not in self._member_set), None)
         if stranger is not None:
             raise AllReduceError(f"{_short(stranger)} is not a contributor")
         if used != sorted(set(used)):

@@ -291,3 +291,23 @@ def test_a_reduce_that_returns_the_wrong_size_is_a_bug_and_says_so():
     me = _keys(1)[0]
     with pytest.raises(AllReduceError, match="reduce returned"):
         AllReduce(me, [me], torch.zeros(4), reduce=lambda parts, weights: torch.zeros(3), now=0.0, timeout=1.0)
+
+
+class _CountingKey(bytes):
+    compared = 0
+
+    def __eq__(self, other):
+        _CountingKey.compared += 1
+        return bytes.__eq__(self, other)
+
+    __hash__ = bytes.__hash__
+
+
+def test_taking_a_reduced_part_costs_key_comparisons_linear_in_the_members():
+    n = 1024
+    members = _keys(n, 7)
+    ar = AllReduce(members[0], members, torch.zeros(n), reduce=weighted_mean, now=0.0, timeout=TIMEOUT)
+    used = [_CountingKey(m) for m in members]  # as a peer's list arrives: equal keys, not the same objects
+    _CountingKey.compared = 0
+    assert ar.received_reduced(members[1], 1, torch.zeros(1), used)
+    assert _CountingKey.compared <= 20 * n, f"{_CountingKey.compared} key comparisons for {n} members"
