@@ -21,8 +21,10 @@ receives all parts holds the same vector, bit for bit (a reducer sending
 through a lossy codec makes ``reduce`` return the decoded values, so that it
 holds what the others receive).  A part whose reducer died or stalled past
 the deadline is missing (:meth:`AllReduce.missing_parts`), which this module
-does not paper over: meshd skips the outer step on every member that misses
-a part and resyncs by state hash.  Each member sends and receives (N−1)/N
+does not paper over: meshd takes zeros there (a reducer that died is missing
+for everyone, so everyone agrees), and a member that missed a part others
+have is put back by the state-hash check.  A member off the list follows the
+round (it takes the reduced parts and reduces nothing).  Each member sends and receives (N−1)/N
 of the vector twice, as in a butterfly all-reduce.
 """
 

@@ -3,11 +3,14 @@
 :class:`Group` is the trio shell over :mod:`learn`'s membership view
 (:class:`learn.group.GroupView`), its adaptive timeouts
 (:class:`learn.group.RoundClock`), the wire format (:mod:`learn.wire`) and
-the all-reduce's partition (:mod:`learn.allreduce`).  The algorithms
+the all-reduce (:class:`learn.allreduce.AllReduce`), whose contributors each
+round are agreed first (:meth:`Group.roster`).  The algorithms
 (``averager.py``, ``diloco.py``) call :meth:`Group.pull` and
-:meth:`Group.allreduce`; the service routes peers' calls to the ``serve_*``
-methods.  Every set of tensors a peer sends is checked against the signed
-contribution that heads it, and counted in :attr:`Group.bytes_in`.
+:meth:`Group.allreduce`; the service routes peers' calls to
+:meth:`Group.roster` and the ``serve_*`` methods.  Every set of tensors a
+peer sends is checked against the signed contribution that heads it, and
+counted in :attr:`Group.bytes_in`.  Torch is imported only by the methods
+that touch tensors, so a daemon starts without it.
 """
 
 from __future__ import annotations
