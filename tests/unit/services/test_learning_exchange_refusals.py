@@ -1,0 +1,35 @@
+"""What a group answers a peer asking for all-reduce slices it cannot give: a clear RPC error, never a crash."""
+
+import pytest
+from fakehost import FakeHost
+
+from meshd.identity import Identity
+from meshd.rpc import InvalidArgument, Unavailable
+from meshd.services.learning import LearningSection
+from meshd.services.learning.group import Group
+
+PEER = Identity.generate().peer_id
+
+
+def _group(tmp_path) -> Group:
+    config = LearningSection(round_timeout_min=0.01, round_timeout_max=0.05)  # exchanges time out at once
+    return Group(FakeHost(tmp_path), config, "run42", algorithm="diloco", rule="mean")
+
+
+async def _drain(stream) -> list:
+    return [item async for item in stream]
+
+
+async def test_a_slice_never_reduced_here_is_unavailable_after_the_wait(tmp_path):
+    group = _group(tmp_path)
+    with pytest.raises(Unavailable, match="not reduced here"):
+        await _drain(group.serve_reduced(PEER, {"group": "run42", "key": [0, 0]}))
+
+
+@pytest.mark.parametrize("key, error", [([5, 0], Unavailable), ([0], InvalidArgument), ([0, "x"], InvalidArgument),
+                                        ([-1, 0], InvalidArgument), ("0,0", InvalidArgument)])
+async def test_exchanges_outside_the_current_rounds_or_malformed_are_refused(tmp_path, key, error):
+    group = _group(tmp_path)
+    with pytest.raises(error):
+        await _drain(group.serve_reduced(PEER, {"group": "run42", "key": key}))
+    assert not group._exchanges  # a refused request keeps nothing
