@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading

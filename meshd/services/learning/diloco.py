@@ -200,7 +200,8 @@ class DiLoCo:
             return result.value, result.clipped
 
         avg, sent, missing, used = await group.allreduce(
-            (round_, p), q, samples=samples, encode=lambda t: encode(t, self.compression, self.block), decode=decode, reduce=reduce)
+            (round_, p), q, samples=samples, encode=lambda t: encode(t, self.compression, self.block),
+            decode=decode, reduce=reduce)
         if self.compression != "none":
             self._residual[p] = q - sent
         gap = sum(hi - lo for lo, hi in missing)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshd.learning")
 
-KEEP_REDUCTIONS = 4  # all-reduces (and rosters) kept, the latest, for late pullers
+KEEP_ROUNDS = 4  # all-reduces and rosters kept (the latest), and how far from its own round a member answers
 _HELLO_MEMBERS = 32  # other members one hello names
 SUSPECT_AFTER = 3  # rounds clipped before a member is reported
 
@@ -169,7 +169,8 @@ class Group:
     def best_member(self) -> bytes:
         """The live member furthest ahead (the lowest key among equals): where a
         joining member takes its state from."""
-        rounds = {k: m.round for k, m in self.view.members.items() if k in self.live()}
+        live = set(self.view.live(trio.current_time()))
+        rounds = {k: m.round for k, m in self.view.members.items() if k in live}
         rounds[self.me] = self.round
         return min(rounds, key=lambda k: (-rounds[k], k))
 
@@ -251,7 +252,7 @@ class Group:
             pending = self._roster_pending[round] = trio.Event()
             try:
                 self._rosters[round] = await self._ask_roster(round) or self.contributors(round)
-                while len(self._rosters) > KEEP_REDUCTIONS:
+                while len(self._rosters) > KEEP_ROUNDS:
                     del self._rosters[min(self._rosters)]
             finally:
                 del self._roster_pending[round]
@@ -308,12 +309,19 @@ class Group:
         except (RpcError, trio.TooSlowError, OSError):
             pass
 
-    def held_roster(self, round: int) -> list[bytes]:
-        """The roster of ``round`` this member holds; NotFound if none."""
-        roster = self._rosters.get(round)
-        if roster is None:
-            raise NotFound(f"no roster of round {round} here")
-        return roster
+    async def serve_roster(self, peer: PeerId, arg: object) -> dict:
+        """Answer ``learning.roster``: the roster of ``arg``'s round (fixing or
+        asking for it), or with ``held`` only one this member already has;
+        NotFound for none held, or for a round too far from this member's."""
+        round_ = field(arg, "round", int)
+        self.seen(peer.key)
+        if arg.get("held"):
+            if round_ not in self._rosters:
+                raise NotFound(f"no roster of round {round_} here")
+            return {"members": self._rosters[round_]}
+        if not self.round - KEEP_ROUNDS < round_ <= self.round + KEEP_ROUNDS:
+            raise NotFound(f"round {round_} is too far from this member's round {self.round}")
+        return {"members": await self.roster(round_)}
 
     def _check_roster(self, reply: object) -> list[bytes]:
         members = field(reply, "members", list)
@@ -392,7 +400,7 @@ class Group:
         exchange = self._exchanges.get(key)
         if exchange is None:
             exchange = self._exchanges[key] = Exchange(key)
-            while len(self._exchanges) > KEEP_REDUCTIONS:
+            while len(self._exchanges) > KEEP_ROUNDS:
                 del self._exchanges[min(self._exchanges)]
         return exchange
 

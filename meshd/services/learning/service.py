@@ -40,7 +40,7 @@ from ...rpc.args import field
 from ...service import Host, Method
 from .config import LearningSection
 from .control import control_methods
-from .group import KEEP_REDUCTIONS as KEEP_ROSTERS, Group
+from .group import Group
 
 log = logging.getLogger("meshd.learning")
 
@@ -162,14 +162,7 @@ class Learning:
         return group.hello()
 
     async def _serve_roster(self, arg, ctx) -> dict:
-        group = self._group_of(arg)
-        round_ = field(arg, "round", int)
-        group.seen(ctx.peer.key)
-        if arg.get("held"):
-            return {"members": group.held_roster(round_)}
-        if not group.round - KEEP_ROSTERS < round_ <= group.round + KEEP_ROSTERS:
-            raise NotFound(f"round {round_} is too far from this member's round {group.round}")
-        return {"members": await group.roster(round_)}
+        return await self._group_of(arg).serve_roster(ctx.peer, arg)
 
     async def _serve_pull(self, arg, ctx):
         group = self._group_of(arg)
