@@ -30,7 +30,7 @@ from rich.table import Table
 _HERE = Path(__file__).resolve().parent
 sys.path[:1] = [str(_HERE.parent)]  # the repo, not this folder (benchmarks/nat.py shadows nat)
 import meshd  # noqa: E402
-from meshd.services.shards.lane import LaneServer, open_lane  # noqa: E402
+from meshd.lane import LaneServer, open_lane  # noqa: E402
 
 CHUNK = 4 << 20
 
@@ -76,7 +76,7 @@ async def _serve(data_dir: str, total: int) -> None:
 
 
 async def via_lane(node, peer, ids: list[bytes], verify: bool) -> int:
-    lane = await open_lane(node, peer)
+    lane = await open_lane(node, peer, method="shards.lane")
     if lane is None:
         raise RuntimeError("no lane")
     got = 0

@@ -36,15 +36,16 @@ from dht.ids import Contact
 from dht.network import DhtError
 
 from ...identity import PeerId
+from ...lane import Lane, LaneError, LaneServer, open_lane
 from ...rpc import InvalidArgument, NotFound, RpcError
 from ...service import Host
 from .config import ShardsSection
 from .control import control_methods
 from .errors import FetchError
 from .format import ChunkError, Manifest, ManifestError, decode_manifest, decode_tensors, encode_tensors, sign_manifest
-from .lane import METHOD as LANE_METHOD
-from .lane import Lane, LaneError, LaneServer, open_lane
 from .store import ChunkStore
+
+LANE_METHOD = "shards.lane"  # issues this service's lane tokens
 
 log = logging.getLogger("meshd.shards")
 
@@ -388,7 +389,7 @@ class _Download:
         Chunks come over the peer's bulk lane when it has a direct path and
         serves one, else (or once the lane fails) over QUIC."""
         stats = self.progress.providers.setdefault(str(peer), {"bytes": 0, "mb_s": 0.0, "state": "fetching"})
-        lane = await open_lane(self.shards.host, peer) if self.shards.lane_enabled else None
+        lane = await open_lane(self.shards.host, peer, method=LANE_METHOD) if self.shards.lane_enabled else None
         stats["path"] = "lane" if lane else "quic"
         rate, batch_size = 0.0, _FIRST_BATCH
         try:

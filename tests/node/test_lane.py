@@ -1,4 +1,4 @@
-"""The TCP bulk lane (meshd.services.shards.lane) between in-process nodes on loopback.
+"""The TCP bulk lane (meshd.lane) between in-process nodes on loopback.
 
 Bad clients are raw TCP sockets; "the server dropped us" is seen as end of
 stream (or a reset) on the socket.  Token expiry uses a fake clock.
@@ -18,9 +18,11 @@ import trio.testing
 import meshd
 from meshd import Config
 from meshd.rpc import ResourceExhausted
-from meshd.services.shards.lane import (
-    EMPTY_ID, METHOD, TAG, Lane, LaneError, LaneServer, _Framer, _keys, _token_id, open_lane,
+from meshd.lane import (
+    EMPTY_ID, TAG, Lane, LaneError, LaneServer, _Framer, _keys, _token_id, open_lane,
 )
+
+METHOD = "shards.lane"  # the shard service's token method, which these tests' servers take over
 
 
 def make_chunks(n: int, size: int) -> dict[bytes, bytes]:
@@ -94,7 +96,7 @@ async def test_fetch_chunks_and_missing(tmp_path):
     async with lane_nodes(tmp_path, {**chunks, **small}) as (a, server, b):
         missing = os.urandom(32)
         ids = [*chunks, missing, EMPTY_ID]
-        async with await open_lane(b, a.peer_id) as lane:
+        async with await open_lane(b, a.peer_id, method=METHOD) as lane:
             got = await fetch_all(lane, ids)
             assert [cid for cid, _ in got] == ids
             for cid, data in got[:20]:
@@ -129,7 +131,7 @@ async def test_bad_clients_are_dropped_and_serving_goes_on(tmp_path):
         stream, rx, tx = await raw_hello(server, b, a, reply)
         await stream.send_all((100 << 20).to_bytes(4, "big"))
         assert await dropped(stream)
-        async with await open_lane(b, a.peer_id) as lane:
+        async with await open_lane(b, a.peer_id, method=METHOD) as lane:
             assert dict(await fetch_all(lane, list(chunks))) == chunks
         assert not server._tokens
 
@@ -145,7 +147,7 @@ async def test_connections_without_an_outstanding_token_are_closed_at_once(tmp_p
             second = await trio.open_tcp_stream("127.0.0.1", server.port)
             assert await dropped(second)
         assert await dropped(squatter)  # silent until its handshake timed out
-        async with await open_lane(b, a.peer_id) as lane:  # the slot is free again
+        async with await open_lane(b, a.peer_id, method=METHOD) as lane:  # the slot is free again
             assert dict(await fetch_all(lane, list(chunks))) == chunks
 
 
@@ -200,11 +202,11 @@ async def test_limits(tmp_path):
         assert await dropped(stream)  # a third connection for b
         with pytest.raises(ResourceExhausted):
             await b.rpc.call(a.peer_id, METHOD, None)
-        assert await open_lane(b, a.peer_id) is None
+        assert await open_lane(b, a.peer_id, method=METHOD) is None
         await lanes[0].aclose()
         await trio.testing.wait_all_tasks_blocked(0.05)  # the server saw the close
         assert server._peer_conns[b.peer_id] == 1
-        lane = await open_lane(b, a.peer_id)
+        lane = await open_lane(b, a.peer_id, method=METHOD)
         assert lane is not None
         await lane.aclose()
 
@@ -250,7 +252,7 @@ async def test_tampering_never_yields_wrong_data(tmp_path, direction, flip_at):
         async with trio.open_nursery() as nursery:
             await nursery.start(_proxy, box, real, flip_at, direction)
             server.port = box[0]
-            lane = await open_lane(b, a.peer_id)
+            lane = await open_lane(b, a.peer_id, method=METHOD)
             if direction == "up" and flip_at < 48:
                 assert lane is None  # the server knows no such token: no lane, use QUIC
                 return
@@ -264,14 +266,14 @@ async def test_tampering_never_yields_wrong_data(tmp_path, direction, flip_at):
                 await fetch_all(lane, list(chunks))
             server.port = real
             nursery.cancel_scope.cancel()
-        async with await open_lane(b, a.peer_id) as lane:  # the server serves on
+        async with await open_lane(b, a.peer_id, method=METHOD) as lane:  # the server serves on
             assert dict(await fetch_all(lane, list(chunks))) == chunks
 
 
 async def test_leaving_a_fetch_early_closes_the_lane(tmp_path):
     chunks = make_chunks(10, 100_000)
     async with lane_nodes(tmp_path, chunks) as (a, server, b):
-        lane = await open_lane(b, a.peer_id)
+        lane = await open_lane(b, a.peer_id, method=METHOD)
         async for cid, data in lane.fetch(list(chunks)):
             assert data == chunks[cid]
             break
@@ -281,7 +283,7 @@ async def test_leaving_a_fetch_early_closes_the_lane(tmp_path):
             await fetch_all(lane, [b"short"])
         await lane.aclose()
         # Leaving right after the last item keeps the lane.
-        async with await open_lane(b, a.peer_id) as lane:
+        async with await open_lane(b, a.peer_id, method=METHOD) as lane:
             async for cid, data in lane.fetch(list(chunks)[:1]):
                 break
             assert dict(await fetch_all(lane, list(chunks))) == chunks
@@ -290,9 +292,9 @@ async def test_leaving_a_fetch_early_closes_the_lane(tmp_path):
 async def test_open_lane_none_without_a_lane(tmp_path):
     async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0", config=no_lane()) as a, \
             meshd.open_node(tmp_path / "b", listen="127.0.0.1:0", config=no_lane()) as b:
-        assert await open_lane(b, a.peer_id) is None  # not connected: no direct path known
+        assert await open_lane(b, a.peer_id, method=METHOD) is None  # not connected: no direct path known
         await b.connect(a.address)
-        assert await open_lane(b, a.peer_id) is None  # UNKNOWN_METHOD: a serves no lane
+        assert await open_lane(b, a.peer_id, method=METHOD) is None  # UNKNOWN_METHOD: a serves no lane
         # A lane RPC that answers a port where nothing listens.
         async def fake(arg, ctx):
             sock = trio.socket.socket()
@@ -301,7 +303,7 @@ async def test_open_lane_none_without_a_lane(tmp_path):
             sock.close()
             return {"port": port, "token": os.urandom(32), "nonce": os.urandom(16)}
         a.rpc.register(METHOD, fake)
-        assert await open_lane(b, a.peer_id) is None
+        assert await open_lane(b, a.peer_id, method=METHOD) is None
 
 
 async def test_open_lane_none_over_a_relayed_path():
@@ -313,7 +315,7 @@ async def test_open_lane_none_over_a_relayed_path():
         def live(self, peer):
             return Conn()
 
-    assert await open_lane(FakeNode(), object()) is None
+    assert await open_lane(FakeNode(), object(), method=METHOD) is None
 
 
 async def test_async_get_chunk_failures_and_idle_timeout(tmp_path):
@@ -334,7 +336,7 @@ async def test_async_get_chunk_failures_and_idle_timeout(tmp_path):
         a.rpc.register(METHOD, server.issue)  # in place of the shard service's own lane
         await nursery.start(server.serve)
         await b.connect(a.address)
-        async with await open_lane(b, a.peer_id) as lane:
+        async with await open_lane(b, a.peer_id, method=METHOD) as lane:
             got = await fetch_all(lane, [bad, *chunks])
             assert got == [(bad, None), *chunks.items()]  # the failing read is "not here"
         # A lane nobody uses is closed after idle_timeout.

@@ -1,9 +1,11 @@
 """The bulk lane: chunks over TCP, keyed through the authenticated QUIC connection.
 
 QUIC RPC moves ~250 MB/s (aioquic is pure Python); TCP moves GB/s.  So a
-directly reachable peer also serves chunks over TCP, sealed with AES-256-GCM:
+directly reachable peer also serves chunks over TCP, sealed with AES-256-GCM.
+Any service can run a :class:`LaneServer` over its own chunks, under its own
+token method (``shards.lane``, ``learning.lane``); the protocol:
 
-1. Over QUIC the client calls ``shards.lane``; the server answers ``{"port",
+1. Over QUIC the client calls the service's token method; the server answers ``{"port",
    "token", "nonce"}`` (32 and 16 random bytes), remembered for ``ctx.peer``,
    single-use, valid 30 s.
 2. The client connects TCP to the peer's QUIC IP at ``port`` and sends 48
@@ -50,14 +52,13 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ...address import plain_address
-from ...identity import PeerId
-from ...rpc import PermissionDenied, ResourceExhausted, RpcError, Unavailable
-from ...transport.endpoint import VIRTUAL_HOST
+from .address import plain_address
+from .identity import PeerId
+from .rpc import PermissionDenied, ResourceExhausted, RpcError, Unavailable
+from .transport.endpoint import VIRTUAL_HOST
 
-log = logging.getLogger("meshd.shards.lane")
+log = logging.getLogger("meshd.lane")
 
-METHOD = "shards.lane"
 ID_LABEL, KEY_LABEL = b"meshd-lane/1 token id", b"meshd-lane/1 keys"
 MAX_CHUNK = 4 << 20
 MAX_IDS = 256
@@ -186,7 +187,7 @@ class LaneServer:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Listen on ``host`` (by default the node's listen host), port 0 (then
         ``self.port``); serve until cancelled.
-        Peers ask for a token with ``shards.lane``, which :meth:`issue` answers."""
+        Peers ask for a token with the service's token method, which :meth:`issue` answers."""
         bind = self.host if self.host is not None else self.node.listen_address.host
         family, kind, proto, _, addr = (await trio.socket.getaddrinfo(bind, 0, type=trio.socket.SOCK_STREAM))[0]
         sock = trio.socket.socket(family, kind, proto)
@@ -204,7 +205,7 @@ class LaneServer:
             self.port = None
 
     async def issue(self, arg: object, ctx) -> dict:
-        """RPC ``shards.lane``: a fresh single-use token for the authenticated caller
+        """The token method: a fresh single-use token for the authenticated caller
         (UNAVAILABLE while the lane does not listen)."""
         if self.port is None:
             raise Unavailable("the lane is not listening")
@@ -360,9 +361,11 @@ class Lane:
         await self.aclose()
 
 
-async def open_lane(node, peer: PeerId, *, timeout: float = 10, max_chunk: int = MAX_CHUNK) -> Lane | None:
-    """A lane to ``peer``, or None (use QUIC) when: no live QUIC connection to it, or
-    only a relayed or hole-punched one (its NAT would not let TCP in); ``shards.lane``
+async def open_lane(node, peer: PeerId, *, method: str, timeout: float = 10,
+                    max_chunk: int = MAX_CHUNK) -> Lane | None:
+    """A lane to ``peer``'s server whose tokens RPC ``method`` issues, or None (use
+    QUIC) when: no live QUIC connection to it, or only a relayed or hole-punched one
+    (its NAT would not let TCP in); ``method``
     fails (e.g. UNKNOWN_METHOD: the peer serves no lane; RESOURCE_EXHAUSTED); or the
     TCP connection or its handshake fails, all within ``timeout`` seconds."""
     conn = node.live(peer)
@@ -372,11 +375,11 @@ async def open_lane(node, peer: PeerId, *, timeout: float = 10, max_chunk: int =
     stream = None
     with trio.move_on_after(timeout):
         try:
-            reply = await node.rpc.call(peer, METHOD, None, timeout=timeout)
+            reply = await node.rpc.call(peer, method, None, timeout=timeout)
             port, token, snonce = reply["port"], reply["token"], reply["nonce"]
             if not (type(port) is int and 0 < port < 65536 and isinstance(token, bytes)
                     and len(token) == 32 and isinstance(snonce, bytes) and len(snonce) == 16):
-                raise LaneError(f"bad {METHOD} reply")
+                raise LaneError(f"bad {method} reply")
             stream = await trio.open_tcp_stream(host, port)
             cnonce = os.urandom(16)
             c2s, s2c = _keys(token, snonce, cnonce, node.peer_id, peer)
