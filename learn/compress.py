@@ -19,7 +19,7 @@ import math
 import torch
 
 from .encoded import CODECS, CodecError, Encoded, check_block, payload_size
-from .tensors import DTYPES, dtype_name, tensor_bytes, tensor_from_bytes
+from .tensors import DTYPES, dtype_name, tensor_bytes, tensor_from_bytes, tensor_view
 
 __all__ = ["CODECS", "CodecError", "Encoded", "ErrorFeedback", "decode", "encode", "payload_size"]
 
@@ -28,14 +28,16 @@ _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def encode(tensor: torch.Tensor, codec: str = "none", block: int = 64) -> Encoded:
-    """``tensor`` under ``codec``; CodecError for an unknown codec, a bad
+    """``tensor`` under ``codec`` (for ``none`` the payload shares the tensor's
+    memory: leave the tensor unchanged while the result is in use, or pass a
+    copy); CodecError for an unknown codec, a bad
     ``block`` (int8, int4) or a lossy codec of a tensor that is not floating."""
     if codec not in CODECS:
         raise CodecError(f"unknown codec {codec!r} (known: {', '.join(CODECS)})")
     dtype = dtype_name(tensor.dtype)
     shape = tuple(tensor.shape)
-    if codec == "none":
-        return Encoded(codec, dtype, shape, block, tensor_bytes(tensor))
+    if codec == "none":  # no copy: the payload is a view of the tensor
+        return Encoded(codec, dtype, shape, block, tensor_view(tensor))
     if not tensor.is_floating_point():
         raise CodecError(f"{codec} encodes floating tensors, not {dtype}")
     if codec in _CAST:

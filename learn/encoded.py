@@ -28,7 +28,7 @@ class Encoded:
     dtype: str  # the original tensor's dtype
     shape: tuple[int, ...]
     block: int
-    payload: bytes | bytearray
+    payload: bytes | bytearray | memoryview
 
     @property
     def numel(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import blake3
 import torch
 
-from .tensors import dtype_name, tensor_bytes
+from .tensors import dtype_name, tensor_view
 
 
 class OuterSGD:
@@ -43,5 +43,5 @@ def state_hash(*states: dict[str, torch.Tensor]) -> bytes:
             tensor = state[name]
             header = f"{name}\0{dtype_name(tensor.dtype)}\0{tuple(tensor.shape)}\0".encode()
             hasher.update(len(header).to_bytes(4, "little") + header)
-            hasher.update(tensor_bytes(tensor))
+            hasher.update(tensor_view(tensor))
     return hasher.digest()

@@ -100,16 +100,17 @@ def aggregate(tensors: list[torch.Tensor], weights: list[float] | None = None,
     k = len(tensors)
     if weights is not None and (len(weights) != k or min(weights) < 0 or sum(weights) <= 0):
         raise ValueError(f"weights are {k} non-negative numbers with a positive sum, not {weights!r}")
-    flat = torch.stack([t.detach().float().reshape(-1) for t in tensors])
+    rows = [t.detach().float().reshape(-1) for t in tensors]
     if rule.name == "mean" or k < 3:
-        return Aggregate(_weighted_mean(flat, weights).view(shape), [])
+        return Aggregate(_weighted_mean(rows, weights).view(shape), [])
+    flat = torch.stack(rows)
     finite = torch.isfinite(flat).all(dim=1).tolist()
     dropped = [i for i in range(k) if not finite[i]]
     kept = [i for i in range(k) if finite[i]]
     if not kept:
         return Aggregate(torch.zeros(shape), dropped)
     if len(kept) < 3:
-        value, clipped = _weighted_mean(flat[kept], [weights[i] for i in kept] if weights else None), []
+        value, clipped = _weighted_mean([flat[i] for i in kept], [weights[i] for i in kept] if weights else None), []
     elif rule.name == "trimmed_mean":
         value, clipped = _trimmed_mean(flat[kept], rule.param)
     else:
@@ -156,9 +157,14 @@ def bounded(weights: list[float]) -> list[float]:
     return [min(w, cap) for w in weights] if cap > 0 else list(weights)
 
 
-def _weighted_mean(flat: torch.Tensor, weights: list[float] | None) -> torch.Tensor:
-    w = torch.tensor(bounded(weights) if weights is not None else [1.0] * len(flat), dtype=torch.float32)
-    return (flat * (w / w.sum())[:, None]).sum(dim=0)
+def _weighted_mean(rows: list[torch.Tensor], weights: list[float] | None) -> torch.Tensor:
+    """Σ wᵢ·rowᵢ / Σ wᵢ, accumulated row by row in order (one output vector, no stacking)."""
+    w = bounded(weights) if weights is not None else [1.0] * len(rows)
+    total = float(sum(w))
+    out = rows[0].mul(w[0] / total)
+    for row, weight in zip(rows[1:], w[1:]):
+        out.add_(row, alpha=weight / total)
+    return out
 
 
 def _trimmed_mean(flat: torch.Tensor, fraction: float | None) -> tuple[torch.Tensor, list[int]]:

@@ -6,7 +6,9 @@ then its payload in chunk frames ``{"c": bytes}`` of at most :data:`CHUNK`
 bytes, so neither side holds more than one tensor plus one chunk beyond the
 tensors themselves.  :class:`Decoder` checks every frame against
 :class:`Limits` and the codec's exact payload size; anything else is a
-:class:`WireError`.
+:class:`WireError`.  A sender may instead send the headers alone and lend
+the payloads as numbered chunks fetched some other way (:func:`lent_chunks`,
+:func:`chunk_counts`, :func:`chunk_ids`); they go through the same Decoder.
 
 A :class:`Contribution` says who sent which tensors for which round: its
 ``digest`` is blake3 over the tensors (names, codecs, dtypes, shapes,
@@ -48,15 +50,62 @@ class Limits:
     max_dims: int = 8
 
 
+def header(name: str, enc: Encoded) -> dict:
+    """The frame that announces tensor ``name`` (its payload follows in chunks)."""
+    return {"t": name, "codec": enc.codec, "dtype": enc.dtype, "shape": list(enc.shape),
+            "block": enc.block, "bytes": len(enc.payload)}
+
+
 def frames(named: Iterable[tuple[str, Encoded]]) -> Iterator[dict]:
     """The frames that carry ``named`` ((name, Encoded) pairs), in order, made
     as they are taken: a header, then chunks of at most :data:`CHUNK` bytes."""
     for name, enc in named:
-        yield {"t": name, "codec": enc.codec, "dtype": enc.dtype, "shape": list(enc.shape),
-               "block": enc.block, "bytes": len(enc.payload)}
-        view = memoryview(enc.payload)
-        for at in range(0, len(view), CHUNK):
-            yield {"c": bytes(view[at:at + CHUNK])}
+        yield header(name, enc)
+        for chunk in _chunks(enc.payload):
+            yield {"c": bytes(chunk)}
+
+
+def _chunks(payload) -> Iterator[memoryview]:
+    view = memoryview(payload).cast("B")
+    for at in range(0, len(view), CHUNK):
+        yield view[at:at + CHUNK]
+
+
+# --- payloads that travel apart from their headers (meshd's bulk lane) ---------------------------
+#
+# A sender may send only the headers and lend the payloads elsewhere, as
+# numbered chunks (every tensor's payload in CHUNK slices, in header order):
+# the receiver feeds each header, then that tensor's chunks, to a Decoder.
+
+
+def lent_chunks(named: Iterable[tuple[str, Encoded]]) -> list[memoryview]:
+    """The payloads of ``named`` as the numbered chunks a receiver of its headers
+    asks for (views, no copies: the payloads must not change while lent)."""
+    return [chunk for _, enc in named for chunk in _chunks(enc.payload)]
+
+
+def chunk_counts(headers: list, limits: Limits) -> list[int]:
+    """How many lent chunks each of ``headers`` (a peer's header frames) is
+    followed by; WireError if one is not a header with an integer size, or the
+    sizes add up to more than the limits allow.  (The Decoder checks the rest
+    of each header as it is fed.)"""
+    if len(headers) > limits.max_tensors:
+        raise WireError(f"more than {limits.max_tensors} tensors")
+    sizes = []
+    for frame in headers:
+        size = frame.get("bytes") if isinstance(frame, dict) and "t" in frame else None
+        if type(size) is not int or size < 0:
+            raise WireError("a tensor header with its size in bytes was expected")
+        sizes.append(size)
+    if sum(sizes) > limits.max_bytes:
+        raise WireError(f"more than {limits.max_bytes} bytes of tensors")
+    return [-(-size // CHUNK) for size in sizes]
+
+
+def chunk_ids(ticket: bytes, count: int) -> list[bytes]:
+    """The 32-byte ids of ``count`` lent chunks, from the lender's random ``ticket``
+    (so only those the ticket was given to can name them)."""
+    return [blake3.blake3(ticket + j.to_bytes(8, "little")).digest() for j in range(count)]
 
 
 class Decoder:
@@ -137,7 +186,7 @@ class Decoder:
         head = self._head
         if head is None or self._have < head["bytes"]:
             return []
-        payload = b"".join(self._parts)
+        payload = bytearray().join(self._parts)  # the tensor decoded from it may share it
         self._head, self._parts, self._have = None, [], 0
         return [(head["t"], Encoded(head["codec"], head["dtype"], head["shape"], head["block"], payload))]
 

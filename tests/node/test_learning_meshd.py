@@ -62,10 +62,16 @@ async def _everyone_knows_everyone(nodes, timeout=10.0) -> None:
                 await group._heard.wait()
 
 
-@pytest.mark.parametrize("compression", ["none", "int8"])
-async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path, compression):
+@pytest.mark.parametrize("compression, lanes", [("none", "all"), ("int8", "all"), ("none", "not n2")])
+async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path, compression, lanes):
+    """Payloads go over the bulk lanes between members that have them, over QUIC to and from one that has none."""
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 3)
+        nodes = await open_nodes(stack, tmp_path, 2)
+        laneless = _config(tmp_path)
+        laneless.learning.lane = lanes == "all"
+        nodes.append(await stack.enter_async_context(meshd.open_node(
+            tmp_path / "n2", listen="127.0.0.1:0", bootstrap=[str(nodes[0].address)], config=laneless)))
+        await nodes[2].connect(nodes[0].address)
         models = [_model(seed=i) for i in range(3)]  # different inits: the group takes one
         opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05),
                           group=GROUP, inner_steps=5, compression=compression)
@@ -80,6 +86,12 @@ async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path
         assert all(r.contributors == 3 and r.missing_values == 0 for opt in opts for r in opt.reports)
         for name in opts[0].theta:
             assert all(torch.equal(opts[0].theta[name], opt.theta[name]) for opt in opts[1:])
+        bulk = [node.service("learning").bulk for node in nodes]
+        assert bulk[0].fetched > 0 and bulk[1].fetched > 0  # each reduces a slice: fetches parts
+        assert (bulk[2].lent > 0 and bulk[2].fetched > 0) if lanes == "all" else (bulk[2].lent == bulk[2].fetched == 0)
+        moved, received = sum(b.fetched for b in bulk), sum(sum(opt.group.bytes_in.values()) for opt in opts)
+        assert moved == sum(b.lent for b in bulk)
+        assert moved == received if lanes == "all" else moved < received  # the rest came over QUIC
 
 
 async def test_a_gossip_round_merges_live_partners_parameters(tmp_path):

@@ -62,8 +62,8 @@ class GossipAverager:
         self._rng = random.Random(seed)
 
     def _named(self) -> list:
-        state = self.model.state_dict()
-        return [(name, encode(t.detach(), self.compression if mergeable(name, t) else "none", self.block))
+        state = self.model.state_dict()  # copied: partners pull it while training goes on
+        return [(name, encode(t.detach().clone(), self.compression if mergeable(name, t) else "none", self.block))
                 for name, t in sorted(state.items())]
 
     async def step(self, samples: int = 0) -> GossipReport:

@@ -13,3 +13,4 @@ class LearningSection:
     max_bytes: int = 8 << 30  # largest tensor set one peer may send in one call
     round_timeout_min: float = 5.0  # an exchange waits at least this long for a slow member
     round_timeout_max: float = 600.0  # ... and never longer than this
+    lane: bool = True  # tensor payloads over the TCP bulk lane to peers with a direct path (QUIC otherwise)

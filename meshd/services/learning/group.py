@@ -16,6 +16,7 @@ that touch tensors, so a daemon starts without it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections import Counter
 from dataclasses import dataclass, field as dc_field
@@ -25,12 +26,14 @@ import trio
 
 from learn.encoded import CodecError
 from learn.group import GroupView, RoundClock
-from learn.wire import Contribution, Decoder, Limits, WireError, digest_of, frames
+from learn.wire import Contribution, Decoder, Limits, WireError, chunk_counts, digest_of, frames, header
 
 from ...identity import PeerId
+from ...lane import LaneError
 from ...rpc import InvalidArgument, NotFound, PermissionDenied, RpcError, Unavailable
 from ...rpc.args import field
 from ...service import Host
+from .bulk import NO_LANE, Bulk, Loan
 from .config import LearningSection
 
 if TYPE_CHECKING:
@@ -74,8 +77,10 @@ class Exchange:
 class Group:
     """This member's side of group ``name``."""
 
-    def __init__(self, host: Host, config: LearningSection, name: str, *, algorithm: str, rule: str):
+    def __init__(self, host: Host, config: LearningSection, name: str, *, algorithm: str, rule: str,
+                 bulk: Bulk):
         self._host = host
+        self._bulk = bulk
         self._config = config
         self.name, self.algorithm, self.rule = name, algorithm, rule
         self.me = self._host.peer_id.key
@@ -98,7 +103,7 @@ class Group:
         self.settled = trio.Event()  # the first discovery and greeting are done
         self._heard = trio.Event()  # set (and renewed) by every hello taken in
         self._heard_of: set[bytes] = set()  # named by the DHT or a hello, not heard from yet
-        self._offers: dict[str, Offer] = {}
+        self._offers: dict[str, Offer | Callable[[], Offer]] = {}  # kind -> offer, or what signs it when pulled
         self._exchanges: dict[tuple, Exchange] = {}  # (round, fragment) -> its all-reduce
         self._rosters: dict[int, list[bytes]] = {}  # round -> its contributors, once agreed
         self._roster_pending: dict[int, trio.Event] = {}  # rounds whose roster is being asked for
@@ -210,14 +215,17 @@ class Group:
         return Offer(contribution, contribution.sign(self._host.identity.sign), named)
 
     def offer(self, kind: str, round: int, named: list, samples: int = 0) -> None:
-        """Offer ``named`` ((name, Encoded) pairs) to ``learning.pull`` of ``kind``."""
-        self._offers[kind] = self._sign(round, kind, named, samples)
+        """Offer ``named`` ((name, Encoded) pairs, unchanged while offered) to
+        ``learning.pull`` of ``kind``; it is digested and signed when first pulled."""
+        self._offers[kind] = functools.partial(self._sign, round, kind, named, samples)
 
-    async def serve_pull(self, peer: PeerId, kind: str) -> AsyncIterator[dict]:
+    async def serve_pull(self, peer: PeerId, kind: str, *, lane: bool) -> AsyncIterator[dict]:
         offer = self._offers.get(kind)
         if offer is None:
             raise Unavailable(f"no {kind} offered in group {self.name!r} yet")
-        async for item in self._send(peer, offer):
+        if not isinstance(offer, Offer):
+            offer = self._offers[kind] = offer()
+        async for item in self._send(peer, offer, lane=lane):
             yield item
 
     async def pull(self, peer: PeerId, kind: str, *, timeout: float) -> tuple[Contribution, list]:
@@ -227,8 +235,12 @@ class Group:
         does not deliver, InvalidArgument if what it sends is malformed or
         its signature or digest does not check."""
         with trio.fail_after(timeout):
-            async with self._host.rpc.stream(peer, "learning.pull", {"group": self.name, "kind": kind}) as items:
-                return await self._receive(peer, items, kind=kind)
+            return await _lane_or_quic(lambda lane: self._pull(peer, kind, lane), self._bulk.enabled)
+
+    async def _pull(self, peer: PeerId, kind: str, lane: bool) -> tuple[Contribution, list]:
+        async with self._host.rpc.stream(peer, "learning.pull",
+                                         {"group": self.name, "kind": kind, "lane": lane}) as items:
+            return await self._receive(peer, items, kind=kind)
 
     # --- the round's roster ----------------------------------------------------------------
 
@@ -359,7 +371,8 @@ class Group:
         ranges = partition(flat.numel(), members)
         contributing = self.me in members
         encoded = [encode(flat[lo:hi]) for lo, hi in ranges] if contributing else []
-        sent = torch.cat([decode(e) for e in encoded]) if contributing else flat
+        lossless = all(e.codec == "none" for e in encoded)  # then what the others receive is flat itself
+        sent = torch.cat([decode(e) for e in encoded]) if contributing and not lossless else flat
 
         def reduce_part(tensors, weights):
             value, exchange.clipped = reduce(tensors, weights)
@@ -452,10 +465,20 @@ class Group:
         reducer = PeerId(members[index])
         offer = self._sign(exchange.key[0], f"part:{exchange.key[1]}:{index}", [("slice", encoded)], samples)
         head = {"group": self.name, "key": list(exchange.key), "index": index, "members": members}
-        try:
-            with trio.fail_after(timeout):
+
+        async def send(lane: bool) -> None:
+            if not (lane and self._bulk.usable(reducer)):
                 await self._host.rpc.client_stream(reducer, "learning.part", self._items(reducer, offer, head),
                                                    timeout=None)
+                return
+            with self._bulk.lend(offer.named) as loan:  # the reducer fetches them before it answers
+                await self._host.rpc.client_stream(reducer, "learning.part",
+                                                   [head, *self._lent_frames(offer, loan)], timeout=None)
+                self._count_loan(reducer, loan)
+
+        try:
+            with trio.fail_after(timeout):
+                await _lane_or_quic(send, self._bulk.enabled)
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.info("group %s: slice %d to %s failed: %s", self.name, index, reducer.short(), exc)
 
@@ -465,10 +488,13 @@ class Group:
         reducer = PeerId(core.members[index])
         try:
             with trio.fail_at(core.deadline):
-                arg = {"group": self.name, "key": [round_, fragment], "index": index}
-                async with self._host.rpc.stream(reducer, "learning.reduced", arg) as items:
-                    _, named, used = await self._receive(reducer, items, kind=f"reduced:{fragment}:{index}",
-                                                         round=round_, with_used=True)
+                async def take(lane: bool):
+                    arg = {"group": self.name, "key": [round_, fragment], "index": index, "lane": lane}
+                    async with self._host.rpc.stream(reducer, "learning.reduced", arg) as items:
+                        return await self._receive(reducer, items, kind=f"reduced:{fragment}:{index}",
+                                                   round=round_, with_used=True)
+
+                _, named, used = await _lane_or_quic(take, self._bulk.enabled)
                 core.received_reduced(reducer.key, index, decode(named[0][1]), used)
         except (RpcError, trio.TooSlowError, OSError, ValueError) as exc:  # ValueError: CodecError, AllReduceError
             log.info("group %s: no reduced slice %d from %s: %s", self.name, index, reducer.short(), exc)
@@ -518,7 +544,7 @@ class Group:
             await exchange.reduced.wait()
         if exchange.offer is None:
             raise Unavailable(f"exchange {list(exchange.key)} is not reduced here")
-        async for item in self._send(peer, exchange.offer, used=exchange.used):
+        async for item in self._send(peer, exchange.offer, lane=arg.get("lane") is True, used=exchange.used):
             yield item
         exchange.served.add(peer.key)
         if exchange.served >= set(exchange.roster) - {self.me}:
@@ -526,15 +552,38 @@ class Group:
 
     # --- moving signed tensor sets -----------------------------------------------------------
 
-    async def _send(self, peer: PeerId, offer: Offer, **extra) -> AsyncIterator[dict]:
+    async def _send(self, peer: PeerId, offer: Offer, *, lane: bool, **extra) -> AsyncIterator[dict]:
+        """The frames of ``offer`` for ``peer``: the signed head, then the
+        tensors; with ``lane`` (and a direct path) only their headers, the
+        payloads lent on the bulk lane until ``peer`` has fetched them all
+        (or a round's timeout passes)."""
+        if lane and self._bulk.usable(peer):
+            with self._bulk.lend(offer.named) as loan:
+                for frame in self._lent_frames(offer, loan, **extra):
+                    yield frame
+                with trio.move_on_after(self.clock.timeout()):
+                    await loan.done.wait()
+                self._count_loan(peer, loan)
+            return
         yield {"contribution": offer.contribution.to_wire(), "signature": offer.signature, **extra}
         for frame in frames(offer.named):
             self.bytes_out[peer.key] += len(frame.get("c", b""))
             yield frame
 
+    @staticmethod
+    def _lent_frames(offer: Offer, loan: Loan, **extra) -> list[dict]:
+        """The signed head naming ``loan``'s ticket, then the tensors' headers (their payloads are lent)."""
+        return [{"contribution": offer.contribution.to_wire(), "signature": offer.signature, **extra,
+                 "lane": loan.ticket, "tensors": len(offer.named)},
+                *(header(name, enc) for name, enc in offer.named)]
+
+    def _count_loan(self, peer: PeerId, loan: Loan) -> None:
+        if loan.done.is_set():
+            self.bytes_out[peer.key] += loan.nbytes
+
     async def _items(self, peer: PeerId, offer: Offer, head: dict) -> AsyncIterator[dict]:
         yield head
-        async for item in self._send(peer, offer):
+        async for item in self._send(peer, offer, lane=False):
             yield item
 
     async def _receive(self, peer: PeerId, items, *, kind: str, round: int | None = None,
@@ -553,9 +602,12 @@ class Group:
                 raise InvalidArgument(f"expected round {round}, not {contribution.round}")
             decoder = Decoder(self.limits)
             named: list = []
-            async for frame in items:
-                self.bytes_in[peer.key] += len(frame.get("c", b"")) if isinstance(frame, dict) else 0
-                named += decoder.feed(frame)
+            if "lane" in head:
+                named = await self._receive_lent(peer, head, items, decoder)
+            else:
+                async for frame in items:
+                    self.bytes_in[peer.key] += len(frame.get("c", b"")) if isinstance(frame, dict) else 0
+                    named += decoder.feed(frame)
             decoder.finish()
             if digest_of(named) != contribution.digest:
                 raise InvalidArgument("the tensors do not match the signed digest")
@@ -568,6 +620,46 @@ class Group:
                 raise InvalidArgument("a reduced slice names the contributors it used")
             return contribution, named, used
         return contribution, named
+
+
+    async def _receive_lent(self, peer: PeerId, head: dict, items, decoder: Decoder) -> list:
+        """The tensors of a set whose payloads ``peer`` lends on the bulk lane:
+        the headers from ``items``, each followed into ``decoder`` by its chunks
+        from the lane.  Unavailable (NO_LANE) if the lane fails."""
+        ticket, count = head["lane"], head.get("tensors")
+        if not isinstance(ticket, bytes) or len(ticket) != 32 or type(count) is not int \
+                or not 0 <= count <= self.limits.max_tensors:
+            raise WireError("a lent tensor set names a 32-byte ticket and how many tensors it has")
+        headers = [await anext(items, None) for _ in range(count)]
+        counts = chunk_counts(headers, self.limits)
+        named: list = []
+        try:
+            async with contextlib.aclosing(self._bulk.fetch(peer, ticket, sum(counts))) as chunks:
+                for frame, n in zip(headers, counts):
+                    named += decoder.feed(frame)
+                    for _ in range(n):
+                        data = await anext(chunks)
+                        self.bytes_in[peer.key] += len(data)
+                        named += decoder.feed({"c": data})
+        except LaneError as exc:
+            raise Unavailable(f"{NO_LANE}: {exc}") from None
+        if await anext(items, None) is not None:
+            raise WireError("frames after a lent tensor set's headers")
+        return named
+
+
+async def _lane_or_quic(send: Callable[[bool], object], lane: bool):
+    """``await send(lane)`` (True: payloads on the bulk lane where there is one);
+    if the receiving side could not use the lane, ``await send(False)`` (over QUIC)."""
+    if not lane:
+        return await send(False)
+    try:
+        return await send(True)
+    except Unavailable as exc:
+        if NO_LANE not in exc.message:
+            raise
+        log.info("%s; sending over QUIC", exc.message)
+    return await send(False)
 
 
 async def _wait_until(event: trio.Event, deadline: float) -> None:

@@ -10,7 +10,9 @@ finds itself quickly and a member that stops saying hello drops out.
 A round's contributors are agreed over ``learning.roster``: fixed once by
 the lowest member reachable and handed on unchanged (:meth:`Group.roster`).
 Tensors move over three peer methods, each a set of named tensors in
-:mod:`learn.wire` frames behind a signed :class:`learn.wire.Contribution`:
+:mod:`learn.wire` frames behind a signed :class:`learn.wire.Contribution`
+(to a peer with a direct path the payloads go over the TCP bulk lane,
+``learning.lane``, and only the headers over QUIC: :mod:`.bulk`):
 
 * ``learning.pull`` (server stream): what a member offers now, its
   parameters (gossip) or its whole state (a joining or diverged member);
@@ -38,6 +40,8 @@ from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound
 from ...rpc.args import field
 from ...service import Host, Method
+from .bulk import METHOD as LANE_METHOD
+from .bulk import Bulk
 from .config import LearningSection
 from .control import control_methods
 from .group import Group
@@ -73,15 +77,19 @@ class Learning:
         self.config = config
         self._providers = providers
         self.groups: dict[str, Group] = {}
+        self.bulk = Bulk(host, enabled=config.lane)
         self._nursery: trio.Nursery | None = None
 
     # --- the Service shape ---------------------------------------------------------
 
     def rpc_methods(self) -> dict:
-        return {"learning.hello": self._serve_hello, "learning.roster": self._serve_roster,
-                "learning.pull": self._serve_pull,
-                "learning.part": Method(self._serve_part, "client_stream"),
-                "learning.reduced": self._serve_reduced}
+        methods = {"learning.hello": self._serve_hello, "learning.roster": self._serve_roster,
+                   "learning.pull": self._serve_pull,
+                   "learning.part": Method(self._serve_part, "client_stream"),
+                   "learning.reduced": self._serve_reduced}
+        if self.bulk.server is not None:
+            methods[LANE_METHOD] = self.bulk.server.issue
+        return methods
 
     def control_methods(self) -> dict:
         return control_methods(self)
@@ -89,6 +97,8 @@ class Learning:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self.bulk.server is not None:
+                await nursery.start(self.bulk.server.serve)
             task_status.started()
             await trio.sleep_forever()
 
@@ -112,7 +122,8 @@ class Learning:
         if group is None:
             if self._nursery is None:
                 raise RuntimeError("the learning service is not running")
-            group = self.groups[name] = Group(self.host, self.config, name, algorithm=algorithm, rule=rule)
+            group = self.groups[name] = Group(self.host, self.config, name, algorithm=algorithm, rule=rule,
+                                              bulk=self.bulk)
             self._nursery.start_soon(self._keep, group)
         return group
 
@@ -169,7 +180,7 @@ class Learning:
         kind = field(arg, "kind", str)
         if kind not in ("params", "state"):
             raise InvalidArgument("kind must be params or state")
-        async for item in group.serve_pull(ctx.peer, kind):
+        async for item in group.serve_pull(ctx.peer, kind, lane=arg.get("lane") is True):
             yield item
 
     async def _serve_part(self, items, ctx) -> dict:

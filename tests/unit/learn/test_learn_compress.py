@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from learn.compress import CODECS, CodecError, ErrorFeedback, decode, encode
 from learn.encoded import Encoded, payload_size
-from learn.tensors import DTYPES, tensor_bytes, tensor_from_bytes
+from learn.tensors import DTYPES, tensor_bytes, tensor_from_bytes, tensor_view
 
 
 @pytest.mark.parametrize("codec", CODECS)
@@ -84,13 +84,37 @@ def test_error_feedback_keeps_the_tensors_dtype_and_forgets_on_reset():
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_raw_bytes_round_trip_every_wire_dtype_and_own_their_memory(dtype):
+def test_raw_bytes_round_trip_every_wire_dtype_copied_from_a_view_shared_from_a_bytearray(dtype):
     tensor = (torch.randn(4, 6) * 50).to(DTYPES[dtype]).t()  # not contiguous
     data = tensor_bytes(tensor)
     assert len(data) == tensor.numel() * tensor.element_size()
-    back = tensor_from_bytes(data, dtype, tuple(tensor.shape))
+    copied = tensor_from_bytes(memoryview(data), dtype, tuple(tensor.shape))
+    shared = tensor_from_bytes(data, dtype, tuple(tensor.shape))  # handed over: no copy
+    assert torch.equal(shared, tensor)
     data[:] = bytes(len(data))
-    assert torch.equal(back, tensor)
+    assert torch.equal(copied, tensor)
+    assert not shared.any()
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(3, 5), lambda: torch.randn(5, 3).t(), lambda: torch.zeros(0)],
+                         ids=["contiguous", "strided", "empty"])
+def test_tensor_view_is_the_tensor_bytes_read_only_and_shared_when_contiguous(make):
+    tensor = make()
+    view = tensor_view(tensor)
+    assert view.readonly and bytes(view) == bytes(tensor_bytes(tensor))
+    if tensor.is_contiguous() and tensor.numel():
+        tensor.add_(1)  # a view, not a copy: it shows the change
+        assert bytes(view) == bytes(tensor_bytes(tensor))
+    del tensor
+    assert len(bytes(view)) == len(view)  # the view keeps the memory alive
+
+
+def test_none_encoding_shares_the_tensor_and_decodes_to_a_copy():
+    tensor = torch.randn(100)
+    encoded = encode(tensor, "none")
+    back = decode(encoded)
+    tensor.zero_()
+    assert not any(bytes(encoded.payload)) and back.abs().sum() > 0
 
 
 def test_raw_bytes_are_little_endian_row_major():

@@ -10,7 +10,9 @@ from hypothesis import given, settings, strategies as st
 
 from learn.compress import decode, encode
 from learn.encoded import Encoded, payload_size
-from learn.wire import CHUNK, Contribution, Decoder, Limits, WireError, digest_of, frames
+from learn.wire import (
+    CHUNK, Contribution, Decoder, Limits, WireError, chunk_counts, chunk_ids, digest_of, frames, header, lent_chunks,
+)
 
 FLOATS = ["float32", "float16", "bfloat16", "float64"]
 
@@ -225,3 +227,41 @@ def test_a_contribution_with_a_missing_field_or_not_a_map_is_a_wire_error():
             Contribution.from_wire({k: v for k, v in wire.items() if k != key})
     with pytest.raises(WireError, match="map"):
         Contribution.from_wire([1, 2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(tensor_sets())
+def test_headers_with_lent_chunks_rebuild_the_same_set_as_frames(named):
+    heads = [header(name, enc) for name, enc in named]
+    lent = lent_chunks(named)
+    counts = chunk_counts(heads, Limits())
+    assert sum(counts) == len(lent) and all(len(c) <= CHUNK for c in lent)
+    stream, at = [], 0
+    for head, count in zip(heads, counts):
+        stream += [head] + [{"c": bytes(c)} for c in lent[at:at + count]]
+        at += count
+    assert stream == list(frames(named))
+    assert _decode_all(stream) == [(n, dataclasses.replace(e, payload=bytes(e.payload))) for n, e in named]
+
+
+def test_lent_chunks_are_views_and_their_ids_are_the_tickets():
+    payload = bytearray(random.Random(1).randbytes(CHUNK + 5))
+    lent = lent_chunks([("w", Encoded("none", "uint8", (len(payload),), 64, payload))])
+    assert [len(c) for c in lent] == [CHUNK, 5]
+    payload[0] ^= 1
+    assert lent[0][0] == payload[0]  # no copy
+    ids = chunk_ids(b"t" * 32, 3)
+    assert len(set(ids)) == 3 and all(len(i) == 32 for i in ids)
+    assert ids[:2] == chunk_ids(b"t" * 32, 2) and not set(ids) & set(chunk_ids(b"u" * 32, 3))
+
+
+@pytest.mark.parametrize("heads, message", [
+    ([{"c": b"x"}], "header"),
+    ([{"t": "w", "bytes": "9"}], "size"),
+    ([{"t": "w", "bytes": -1}], "size"),
+    ([{"t": "w", "bytes": 1 << 20}] * 3, "more than"),
+    ([{"t": str(i), "bytes": 0} for i in range(4)], "more than 3 tensors"),
+])
+def test_chunk_counts_refuse_what_is_not_a_header_or_over_the_limits(heads, message):
+    with pytest.raises(WireError, match=message):
+        chunk_counts(heads, Limits(max_tensors=3, max_bytes=(2 << 20) + 1))

@@ -6,6 +6,7 @@ from fakehost import FakeHost
 from meshd.identity import Identity
 from meshd.rpc import InvalidArgument, Unavailable
 from meshd.services.learning import LearningSection
+from meshd.services.learning.bulk import Bulk
 from meshd.services.learning.group import Group
 
 PEER = Identity.generate().peer_id
@@ -13,7 +14,8 @@ PEER = Identity.generate().peer_id
 
 def _group(tmp_path) -> Group:
     config = LearningSection(round_timeout_min=0.01, round_timeout_max=0.05)  # exchanges time out at once
-    return Group(FakeHost(tmp_path), config, "run42", algorithm="diloco", rule="mean")
+    host = FakeHost(tmp_path)
+    return Group(host, config, "run42", algorithm="diloco", rule="mean", bulk=Bulk(host, enabled=False))
 
 
 async def _drain(stream) -> list:

@@ -5,11 +5,14 @@ import logging
 from fakehost import FakeHost
 
 from meshd.services.learning import LearningSection
+from meshd.services.learning.bulk import Bulk
 from meshd.services.learning.group import SUSPECT_AFTER, Group
 
 
 def test_a_member_clipped_in_most_of_its_rounds_is_reported_once(tmp_path, caplog):
-    group = Group(FakeHost(tmp_path), LearningSection(), "run42", algorithm="diloco", rule="trimmed_mean")
+    host = FakeHost(tmp_path)
+    group = Group(host, LearningSection(), "run42", algorithm="diloco", rule="trimmed_mean",
+                  bulk=Bulk(host, enabled=False))
     bad, honest = b"\x01" * 32, b"\x02" * 32
     with caplog.at_level(logging.WARNING, logger="meshd.learning"):
         for round_ in range(2 * SUSPECT_AFTER):
