@@ -162,13 +162,13 @@ async def member(args) -> None:
             if await hear() != "go":
                 return
             reset_peak()
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             await opt.step(samples=1)
             step_s = time.perf_counter() - t0
             report = opt.reports[-1]
             await trio.sleep(0.5)  # late reduced slices served to slower members count as this sync's
             hwm = status_mib("VmHWM")
-            say(sync=k, step_s=step_s, allreduce_s=report.seconds, contributors=report.contributors,
+            say(sync=k, step_s=step_s, cpu_s=time.process_time() - cpu0, allreduce_s=report.seconds, contributors=report.contributors,
                 missing=report.missing_values, bytes_in=sum(group.bytes_in.values()) - before_in,
                 bytes_out=sum(group.bytes_out.values()) - before_out, rss_before=rss_before, hwm=hwm,
                 rss_after=status_mib("VmRSS"), hash=group.hash.hex() if group.hash else None)
@@ -410,7 +410,8 @@ def summarize_meshd(res: dict, model_mib: float, members: int) -> dict:
     transient = max(r["hwm"] - r["rss_before"] for s in syncs for r in s["members"])
     standing = max(r["rss_before"] - joined[i]["rss_model"] for s in syncs for i, r in enumerate(s["members"]))
     hashes = [{r["hash"] for r in s["members"]} for s in syncs]
-    return dict(allreduce_s=allreduce, step_s=step, bytes=statistics.median(moved), mb_s=statistics.median(rates),
+    cpu = statistics.median(r["cpu_s"] for s in syncs for r in s["members"])
+    return dict(cpu_s=cpu, allreduce_s=allreduce, step_s=step, bytes=statistics.median(moved), mb_s=statistics.median(rates),
                 rates=rates, beyond_mib=beyond, beyond_x=beyond / model_mib, transient_mib=transient,
                 transient_x=transient / model_mib, standing_mib=standing,
                 agree=all(len(h) == 1 for h in hashes),
@@ -432,6 +433,7 @@ def meshd_rows(args, tmp: Path, results: dict) -> list[dict]:
             detail=f"syncs: all-reduce {', '.join(f'{x:.2f}' for x in s['allreduce_s'])} s "
                    f"({', '.join(f'{x:,.0f}' for x in s['rates'])} MB/s); {s['contributors']} contributors, "
                    f"{s['missing']} values missing; hashes {'agree' if s['agree'] else 'DIFFER'}; "
+                   f"{s['cpu_s']:.2f} CPU s per member (median; the step and 0.5 s after); "
                    f"{s['bytes'] / nominal:.2f}x the fp32 butterfly's {nominal / MB:,.0f} MB; standing state "
                    f"before the sync {s['standing_mib']:,.0f} MiB over the model"))
     return rows

@@ -21,16 +21,21 @@ class OuterSGD:
         self.momentum: dict[str, torch.Tensor] = {}
 
     def step(self, theta: dict[str, torch.Tensor], delta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The new θ for the entries of ``delta`` (θ and Δ float32)."""
-        out = {}
+        """Move the entries of ``theta`` named in ``delta`` (both float32) one step,
+        in place, as the momentum buffers are (no copy of the state: a large
+        model's outer step allocates one tensor at a time); returns ``theta``."""
         for name in sorted(delta):
-            d = delta[name].float()
+            d = delta[name]
+            if theta[name].dtype != torch.float32 or d.dtype != torch.float32:
+                raise ValueError(f"{name}: the outer step is float32")
             buf = self.momentum.get(name)
-            buf = d.clone() if buf is None else buf.mul(self.mu).add_(d)
-            self.momentum[name] = buf
+            if buf is None:
+                buf = self.momentum[name] = d.clone()
+            else:
+                buf.mul_(self.mu).add_(d)
             update = d.add(buf, alpha=self.mu) if self.nesterov else buf
-            out[name] = theta[name].float().sub(update, alpha=self.lr)
-        return out
+            theta[name].sub_(update, alpha=self.lr)
+        return theta
 
 
 def state_hash(*states: dict[str, torch.Tensor]) -> bytes:

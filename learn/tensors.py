@@ -38,23 +38,27 @@ def tensor_bytes(tensor: torch.Tensor) -> bytearray:
     return out
 
 
-def tensor_view(tensor: torch.Tensor) -> memoryview:
-    """The tensor's bytes as :func:`tensor_bytes` gives them, but read-only and,
-    for a contiguous CPU tensor, without a copy: the view shares the tensor's
-    memory (and keeps it alive), so it shows any later change to the tensor."""
+def tensor_view(tensor: torch.Tensor, *, writable: bool = False) -> memoryview:
+    """The tensor's bytes as :func:`tensor_bytes` gives them, read-only unless
+    ``writable``, and for a contiguous CPU tensor without a copy: the view
+    shares the tensor's memory (and keeps it alive), so either shows the
+    other's changes.  ValueError for a writable view of any other tensor."""
     flat = tensor.detach()
     if not flat.is_contiguous() or flat.device.type != "cpu" or flat.numel() == 0:
+        if writable and flat.numel():
+            raise ValueError("a writable view needs a contiguous CPU tensor")
         return memoryview(tensor_bytes(flat)).toreadonly()
     nbytes = flat.numel() * flat.element_size()
     window = (ctypes.c_char * nbytes).from_address(flat.data_ptr())
     window.tensor = flat  # the view keeps the window alive, and the window the tensor
-    return memoryview(window).cast("B").toreadonly()
+    view = memoryview(window).cast("B")
+    return view if writable else view.toreadonly()
 
 
 def tensor_from_bytes(data: bytes | bytearray | memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """A tensor of ``data``: sharing it if it is a bytearray (the caller hands it
-    over), else holding a copy; ValueError for an unknown dtype, sizes that
-    disagree, or a bool byte other than 0 or 1."""
+    """A tensor of ``data``: sharing it if it is writable (a bytearray, a writable
+    view: the caller hands it over), else holding a copy; ValueError for an
+    unknown dtype, sizes that disagree, or a bool byte other than 0 or 1."""
     torch_dtype = DTYPES.get(dtype)
     if torch_dtype is None:
         raise ValueError(f"unknown dtype {dtype!r}")
@@ -66,7 +70,8 @@ def tensor_from_bytes(data: bytes | bytearray | memoryview, dtype: str, shape: t
         raise ValueError(f"{len(data)} bytes cannot hold {numel} {dtype} values")
     if numel == 0:
         return torch.empty(shape, dtype=torch_dtype)
-    raw = torch.frombuffer(data if isinstance(data, bytearray) else bytearray(data), dtype=torch.uint8)
+    shared = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
+    raw = torch.frombuffer(data if shared else bytearray(data), dtype=torch.uint8)
     if torch_dtype is torch.bool and bool((raw > 1).any()):
         raise ValueError("a bool is one byte, 0 or 1")
     return raw.view(torch_dtype).reshape(shape)

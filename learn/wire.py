@@ -108,18 +108,27 @@ def chunk_ids(ticket: bytes, count: int) -> list[bytes]:
     return [blake3.blake3(ticket + j.to_bytes(8, "little")).digest() for j in range(count)]
 
 
+Into = Callable[[str, str, int], "memoryview | None"]
+
+
 class Decoder:
     """Rebuilds (name, Encoded) pairs from frames, checking each against the limits.
 
+    ``into(name, codec, nbytes)``, if given, may return a writable buffer of
+    exactly ``nbytes`` for a tensor's payload (a receiver's own, reused
+    memory); the chunks are copied into it as they come and it becomes the
+    payload.  Otherwise (or if it returns None) the chunks are joined at the end.
     A decoder that raised has refused its stream; it is not fed again.
     """
 
-    def __init__(self, limits: Limits = Limits()):
+    def __init__(self, limits: Limits = Limits(), *, into: Into | None = None):
         self.limits = limits
+        self._into = into
         self._names: set[str] = set()
         self._total = 0
         self._head: dict | None = None
         self._parts: list[bytes] = []
+        self._buffer: memoryview | None = None  # the payload's own buffer, from ``into``
         self._have = 0
 
     def feed(self, frame: object) -> list[tuple[str, Encoded]]:
@@ -142,12 +151,16 @@ class Decoder:
     def _chunk(self, chunk: object) -> None:
         if self._head is None:
             raise WireError("a payload chunk without a tensor header")
-        if not isinstance(chunk, bytes) or not 0 < len(chunk) <= CHUNK:
+        if not isinstance(chunk, (bytes, bytearray, memoryview)) or not 0 < memoryview(chunk).nbytes <= CHUNK:
             raise WireError(f"a payload chunk is 1 to {CHUNK} bytes; an empty or bad one came")
-        self._have += len(chunk)
+        at, n = self._have, memoryview(chunk).nbytes
+        self._have += n
         if self._have > self._head["bytes"]:
             raise WireError(f"tensor {self._head['t']!r} has more bytes than announced")
-        self._parts.append(chunk)
+        if self._buffer is not None:
+            self._buffer[at:at + n] = memoryview(chunk).cast("B")
+        else:  # a chunk may be a view of a buffer its source reuses: keep a copy
+            self._parts.append(chunk if isinstance(chunk, bytes) else bytes(chunk))
 
     def _start(self, head: dict) -> None:
         limits = self.limits
@@ -181,13 +194,17 @@ class Decoder:
         self._names.add(name)
         self._head = {"t": name, "codec": codec, "dtype": dtype, "shape": tuple(shape), "block": block,
                       "bytes": size}
+        buffer = self._into(name, codec, size) if self._into is not None and size else None
+        if buffer is not None and (buffer.readonly or buffer.nbytes != size):
+            raise ValueError(f"into() gave {name!r} a buffer that is not {size} writable bytes")
+        self._buffer = buffer
 
     def _complete(self) -> list[tuple[str, Encoded]]:
         head = self._head
         if head is None or self._have < head["bytes"]:
             return []
-        payload = bytearray().join(self._parts)  # the tensor decoded from it may share it
-        self._head, self._parts, self._have = None, [], 0
+        payload = self._buffer if self._buffer is not None else bytearray().join(self._parts)  # decoding may share it
+        self._head, self._parts, self._buffer, self._have = None, [], None, 0
         return [(head["t"], Encoded(head["codec"], head["dtype"], head["shape"], head["block"], payload))]
 
     def finish(self) -> None:

@@ -105,6 +105,7 @@ class _Framer:
     def __init__(self, stream: trio.SocketStream, key: bytes, max_frame: int):
         self.stream, self.aead, self.max_frame, self.count = stream, AESGCM(key), max_frame, 0
         self.buf = memoryview(bytearray(0))
+        self.opened = memoryview(bytearray(0))  # where borrowed frames are opened into
 
     def _nonce(self) -> bytes:
         self.count += 1
@@ -123,9 +124,10 @@ class _Framer:
         self.aead.encrypt_into(self._nonce(), payload, header, out[4:])
         await self.stream.send_all(out)
 
-    async def receive(self) -> bytes | None:
-        """The next frame's payload; None at a clean end of stream.  Raises LaneError
-        for a frame over the limit or one that does not open (tampered, replayed, reordered)."""
+    async def receive(self, *, borrow: bool = False) -> bytes | memoryview | None:
+        """The next frame's payload (with ``borrow``, a view of a buffer the next
+        call reuses); None at a clean end of stream.  Raises LaneError for a
+        frame over the limit or one that does not open (tampered, replayed, reordered)."""
         head = await _fill(self.stream, self._room(4), eof_ok=True)
         if head is None:
             return None
@@ -135,7 +137,13 @@ class _Framer:
             raise LaneError(f"frame of {n} bytes")
         body = await _fill(self.stream, self._room(n))
         try:
-            return self.aead.decrypt(self._nonce(), body, header)
+            if not borrow:
+                return self.aead.decrypt(self._nonce(), body, header)
+            if len(self.opened) < n - TAG:
+                self.opened = memoryview(bytearray(self.max_frame - TAG))
+            out = self.opened[:n - TAG]
+            self.aead.decrypt_into(self._nonce(), body, header, out)
+            return out
         except InvalidTag:
             raise LaneError("a frame failed authentication") from None
 
@@ -311,9 +319,12 @@ class Lane:
         self.window, self.read_timeout = window, read_timeout
         self._busy = self._broken = False
 
-    async def fetch(self, ids: Iterable[bytes]) -> AsyncIterator[tuple[bytes, bytes | None]]:
+    async def fetch(self, ids: Iterable[bytes], *, borrow: bool = False
+                    ) -> AsyncIterator[tuple[bytes, bytes | memoryview | None]]:
         """Yield ``(id, bytes or None)`` for each of ``ids`` in order; None: the peer
         lacks it.  Bytes are NOT checked against the id: the caller hashes them.
+        With ``borrow`` each chunk is a view that the next one overwrites (no
+        allocation per chunk: the caller copies what it keeps).
         Requests go out ``window`` batches of 256 ahead, so the server never idles.
         Raises LaneError (the lane is then closed) if the lane breaks or a frame
         fails authentication: nothing unauthenticated is ever yielded.  Leaving
@@ -336,7 +347,7 @@ class Lane:
                     sent += 1
                 for cid in batch:
                     with trio.fail_after(self.read_timeout):
-                        data = await self._rx.receive()
+                        data = await self._rx.receive(borrow=borrow)
                     if data is None:
                         raise LaneError("the peer closed the lane")
                     left -= 1

@@ -106,6 +106,13 @@ async def test_fetch_chunks_and_missing(tmp_path):
             # A second fetch on the same lane, pipelined over several requests.
             many = [cid for _ in range(15) for cid in small] + [missing]  # 601 ids: 3 requests
             assert [d for _, d in await fetch_all(lane, many)] == [small.get(c) for c in many]
+            # Borrowed: every chunk is a view of one reused buffer, right until the next comes.
+            borrowed = [(cid, bytes(data) if data is not None else None, data)
+                        async for cid, data in lane.fetch([*chunks, missing, *small], borrow=True)]
+            assert [(cid, data) for cid, data, _ in borrowed] == [(c, {**chunks, **small}.get(c))
+                                                                  for c in [*chunks, missing, *small]]
+            views = [view for _, _, view in borrowed if view is not None]
+            assert all(isinstance(v, memoryview) and v.obj is views[0].obj for v in views)
 
 
 async def test_bad_clients_are_dropped_and_serving_goes_on(tmp_path):

@@ -92,15 +92,16 @@ class Bulk:
             loan.done.set()
         return chunk
 
-    async def fetch(self, peer: PeerId, ticket: bytes, count: int) -> AsyncIterator[bytes]:
+    async def fetch(self, peer: PeerId, ticket: bytes, count: int) -> AsyncIterator[memoryview]:
         """The ``count`` chunks ``peer`` lent under ``ticket``, in order, over a
-        lane opened for this call; LaneError if no lane opens, it breaks, or the
-        peer lacks a chunk, or this node does not use lanes."""
+        lane opened for this call, each a view that the next one overwrites;
+        LaneError if no lane opens, it breaks, or the peer lacks a chunk, or
+        this node does not use lanes."""
         lane = await open_lane(self.host, peer, method=METHOD) if self.enabled else None
         if lane is None:
             raise LaneError(f"no lane to {peer.short()}")
         async with lane:
-            async with contextlib.aclosing(lane.fetch(chunk_ids(ticket, count))) as chunks:
+            async with contextlib.aclosing(lane.fetch(chunk_ids(ticket, count), borrow=True)) as chunks:
                 async for _, data in chunks:
                     if data is None:
                         raise LaneError(f"{peer.short()} no longer lends that tensor set")

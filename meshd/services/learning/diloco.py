@@ -78,6 +78,7 @@ class DiLoCo:
         self._taken = 0  # states taken from others: an exchange begun before one is not applied after it
         self._resyncing = False
         self._residual: dict[int, torch.Tensor] = {}  # error feedback, per fragment
+        self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # fragment -> (Δ, average), reused
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
         self._started = False
         self._offer_state()  # a member that joins before our first step can take it already
@@ -163,9 +164,25 @@ class DiLoCo:
 
     # --- one exchange -------------------------------------------------------------------------------
 
+    def _vectors(self, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fragment ``p``'s two flat float32 vectors, kept from exchange to exchange
+        (one exchange of a fragment ends before its next begins): its Δ, and the
+        average the exchange writes.  Reusing them spares a large model two
+        fresh mappings of its size, page faults and all, every round."""
+        if p not in self._buffers:
+            size = sum(self.theta[n].numel() for n in self.fragments[p])
+            self._buffers[p] = (torch.empty(size), torch.empty(size))
+        return self._buffers[p]
+
     def _delta(self, p: int) -> torch.Tensor:
+        """Fragment ``p``'s Δ = θ − θ_local, flattened in name order (written once, into its Δ vector)."""
         names = sorted(self.fragments[p])
-        return torch.cat([(self.theta[n] - self._params[n].detach().float()).flatten() for n in names])
+        out, at = self._vectors(p)[0], 0
+        for n in names:
+            size = self.theta[n].numel()
+            torch.sub(self.theta[n], self._params[n].detach().float(), out=out[at:at + size].view_as(self.theta[n]))
+            at += size
+        return out
 
     def _begin(self, p: int) -> None:
         """Start fragment ``p``'s exchange in the background (Streaming DiLoCo)."""
@@ -192,7 +209,7 @@ class DiLoCo:
         taken = self._taken
         started, before = time.perf_counter(), sum(group.bytes_out.values())
         residual = self._residual.get(p)
-        q = delta + residual if residual is not None else delta
+        q = delta.add_(residual) if residual is not None else delta
         rule = parse_rule(self.rule)
 
         def reduce(tensors, weights):
@@ -201,9 +218,9 @@ class DiLoCo:
 
         avg, sent, missing, used = await group.allreduce(
             (round_, p), q, samples=samples, encode=lambda t: encode(t, self.compression, self.block),
-            decode=decode, reduce=reduce)
+            decode=decode, reduce=reduce, out=self._vectors(p)[1])
         if self.compression != "none":
-            self._residual[p] = q - sent
+            self._residual[p] = torch.sub(q, sent, out=residual) if residual is not None else q - sent
         gap = sum(hi - lo for lo, hi in missing)
         self.reports.append(SyncReport(round_, p, len(used), gap, sum(group.bytes_out.values()) - before,
                                        time.perf_counter() - started))
@@ -221,12 +238,11 @@ class DiLoCo:
             at += self.theta[n].numel()
         avg = out["avg"]
         delta = {n: avg[lo:hi].view_as(self.theta[n]) for n, (lo, hi) in offsets.items()}
-        new = self.outer.step({n: self.theta[n] for n in names}, delta)
-        self.theta.update(new)
+        self.outer.step(self.theta, delta)  # in place: a state pull under way now fails its digest, and is retried
         with torch.no_grad():
             for n in names:
                 local = self._params[n]
-                value = mix(local.detach().float(), new[n], self.alpha) if streaming else new[n]
+                value = mix(local.detach().float(), self.theta[n], self.alpha) if streaming else self.theta[n]
                 local.copy_(value)
         self.version += 1
         if p == self.P - 1 or not streaming:

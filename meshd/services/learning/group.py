@@ -26,7 +26,7 @@ import trio
 
 from learn.encoded import CodecError
 from learn.group import GroupView, RoundClock
-from learn.wire import Contribution, Decoder, Limits, WireError, chunk_counts, digest_of, frames, header
+from learn.wire import Contribution, Decoder, Into, Limits, WireError, chunk_counts, digest_of, frames, header
 
 from ...identity import PeerId
 from ...lane import LaneError
@@ -345,7 +345,7 @@ class Group:
     # --- the all-reduce ----------------------------------------------------------------------
 
     async def allreduce(self, key: tuple, flat, *, samples: int, encode: Callable, decode: Callable,
-                        reduce: Callable) -> tuple[object, object, list[tuple[int, int]], set[bytes]]:
+                        reduce: Callable, out=None) -> tuple[object, object, list[tuple[int, int]], set[bytes]]:
         """Average ``flat`` (a float32 vector) with the other contributors of round ``key[0]``.
 
         The round's :meth:`roster` cuts the vector into one slice per
@@ -360,7 +360,10 @@ class Group:
         caller keeps the difference as error feedback), the (start, end) ranges
         that could not be had (zeros there), and the contributors some reducer
         used.  A member not on the roster sends nothing (what it "sent" is
-        ``flat`` itself) and takes the reduced slices like the others."""
+        ``flat`` itself) and takes the reduced slices like the others.  The
+        average is written into ``out`` if given (a vector of ``flat``'s size
+        the caller reuses: a large model's exchange then maps no new memory
+        for it), and reduced slices sent uncompressed are received straight into it."""
         import torch  # noqa: PLC0415  (torch, and learn's modules that use it, only where tensors are)
         from learn.allreduce import AllReduce, partition  # noqa: PLC0415
 
@@ -376,9 +379,10 @@ class Group:
 
         def reduce_part(tensors, weights):
             value, exchange.clipped = reduce(tensors, weights)
-            exchange.encoded = encode(value)
-            return decode(exchange.encoded)
+            exchange.encoded = encode(value)  # what the others receive: for codec none, value itself
+            return value if exchange.encoded.codec == "none" else decode(exchange.encoded)
 
+        out = torch.empty_like(flat) if out is None else out
         timeout = self.clock.timeout()
         core = exchange.core = AllReduce(self.me, members, sent, reduce=reduce_part, weight=max(1, samples),
                                          now=trio.current_time(), timeout=timeout)
@@ -395,17 +399,23 @@ class Group:
                     nursery.start_soon(_wait_until, exchange.served_all, core.deadline)
             for peer, index, _ in core.outgoing():
                 nursery.start_soon(self._send_part, exchange, index, encoded[index], samples, timeout)
-            for index, peer in enumerate(members):
+            for index, (peer, (lo, hi)) in enumerate(zip(members, ranges)):
                 if peer != self.me:
-                    nursery.start_soon(self._fetch_reduced, exchange, index, decode)
+                    nursery.start_soon(self._fetch_reduced, exchange, index, decode, out[lo:hi])
         core.expire(max(trio.current_time(), core.deadline))  # nothing more is on its way
-        out, used_by_any = torch.zeros_like(flat), set()
+        used_by_any = set()
         for index, (lo, hi) in enumerate(ranges):
             got = core.reduced(index)
-            if got is not None:
-                out[lo:hi] = got[0]
+            if got is None:
+                out[lo:hi] = 0
+            else:
+                if got[0].data_ptr() != out[lo:hi].data_ptr():  # not received in place
+                    out[lo:hi] = got[0]
                 used_by_any.update(got[1])
         exchange.over, exchange.core, exchange.encoded = True, None, None  # keep the offer, not the vectors
+        for older in self._exchanges.values():  # ... and only this round's: the rounds before are past their deadlines
+            if older.key[0] < key[0] and older.over:
+                older.offer = None
         self.clock.observe(trio.current_time() - started)
         return out, sent, [ranges[i] for i in core.missing_parts()], used_by_any
 
@@ -482,17 +492,25 @@ class Group:
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.info("group %s: slice %d to %s failed: %s", self.name, index, reducer.short(), exc)
 
-    async def _fetch_reduced(self, exchange: Exchange, index: int, decode: Callable) -> None:
-        """Take reduced slice ``index`` from its reducer, or leave it missing at the round's deadline."""
+    async def _fetch_reduced(self, exchange: Exchange, index: int, decode: Callable, place) -> None:
+        """Take reduced slice ``index`` from its reducer (uncompressed, straight into
+        ``place``, its part of the average), or leave it missing at the round's deadline."""
+        from learn.tensors import tensor_view  # noqa: PLC0415
+
         core, (round_, fragment) = exchange.core, exchange.key
         reducer = PeerId(core.members[index])
+        nbytes = place.numel() * place.element_size()
+
+        def into(name: str, codec: str, size: int):
+            return tensor_view(place, writable=True) if codec == "none" and size == nbytes else None
+
         try:
             with trio.fail_at(core.deadline):
                 async def take(lane: bool):
                     arg = {"group": self.name, "key": [round_, fragment], "index": index, "lane": lane}
                     async with self._host.rpc.stream(reducer, "learning.reduced", arg) as items:
                         return await self._receive(reducer, items, kind=f"reduced:{fragment}:{index}",
-                                                   round=round_, with_used=True)
+                                                   round=round_, with_used=True, into=into)
 
                 _, named, used = await _lane_or_quic(take, self._bulk.enabled)
                 core.received_reduced(reducer.key, index, decode(named[0][1]), used)
@@ -587,9 +605,10 @@ class Group:
             yield item
 
     async def _receive(self, peer: PeerId, items, *, kind: str, round: int | None = None,
-                       with_used: bool = False):
-        """Read a signed tensor set from ``items``; InvalidArgument unless it is
-        ``peer``'s, of ``kind`` (and ``round``), whole and matching its digest."""
+                       with_used: bool = False, into: Into | None = None):
+        """Read a signed tensor set from ``items`` (payloads into the buffers
+        ``into`` gives, as :class:`learn.wire.Decoder` takes it); InvalidArgument
+        unless it is ``peer``'s, of ``kind`` (and ``round``), whole and matching its digest."""
         head = await anext(items, None)
         try:
             contribution = Contribution.from_wire(field(head, "contribution", dict))
@@ -600,7 +619,7 @@ class Group:
                 raise InvalidArgument(f"expected {kind} of group {self.name!r}")
             if round is not None and contribution.round != round:
                 raise InvalidArgument(f"expected round {round}, not {contribution.round}")
-            decoder = Decoder(self.limits)
+            decoder = Decoder(self.limits, into=into)
             named: list = []
             if "lane" in head:
                 named = await self._receive_lent(peer, head, items, decoder)

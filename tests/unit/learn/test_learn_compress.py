@@ -84,16 +84,17 @@ def test_error_feedback_keeps_the_tensors_dtype_and_forgets_on_reset():
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_raw_bytes_round_trip_every_wire_dtype_copied_from_a_view_shared_from_a_bytearray(dtype):
+def test_raw_bytes_round_trip_every_wire_dtype_copied_if_read_only_shared_if_writable(dtype):
     tensor = (torch.randn(4, 6) * 50).to(DTYPES[dtype]).t()  # not contiguous
     data = tensor_bytes(tensor)
     assert len(data) == tensor.numel() * tensor.element_size()
-    copied = tensor_from_bytes(memoryview(data), dtype, tuple(tensor.shape))
+    copied = tensor_from_bytes(memoryview(data).toreadonly(), dtype, tuple(tensor.shape))
     shared = tensor_from_bytes(data, dtype, tuple(tensor.shape))  # handed over: no copy
-    assert torch.equal(shared, tensor)
+    viewed = tensor_from_bytes(memoryview(data), dtype, tuple(tensor.shape))  # a writable view: no copy either
+    assert torch.equal(shared, tensor) and torch.equal(viewed, tensor)
     data[:] = bytes(len(data))
     assert torch.equal(copied, tensor)
-    assert not shared.any()
+    assert not shared.any() and not viewed.any()
 
 
 @pytest.mark.parametrize("make", [lambda: torch.randn(3, 5), lambda: torch.randn(5, 3).t(), lambda: torch.zeros(0)],
@@ -107,6 +108,14 @@ def test_tensor_view_is_the_tensor_bytes_read_only_and_shared_when_contiguous(ma
         assert bytes(view) == bytes(tensor_bytes(tensor))
     del tensor
     assert len(bytes(view)) == len(view)  # the view keeps the memory alive
+
+
+def test_a_writable_tensor_view_writes_into_the_tensor():
+    tensor = torch.zeros(4)
+    tensor_view(tensor, writable=True)[:4] = bytes(torch.tensor([1.5]).view(torch.uint8).tolist())
+    assert tensor.tolist() == [1.5, 0, 0, 0]
+    with pytest.raises(ValueError, match="contiguous"):
+        tensor_view(torch.zeros(3, 2).t(), writable=True)
 
 
 def test_none_encoding_shares_the_tensor_and_decodes_to_a_copy():

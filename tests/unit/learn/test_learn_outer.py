@@ -26,13 +26,19 @@ def test_the_outer_step_is_torch_sgd_bit_for_bit_on_either_path(nesterov, foreac
     assert all(torch.equal(ours.momentum[n], reference.state[params[n]]["momentum_buffer"]) for n in theta)
 
 
-def test_the_outer_step_leaves_its_inputs_alone_and_repeats_exactly():
+def test_the_outer_step_moves_theta_in_place_leaves_delta_alone_and_repeats_exactly():
     theta, delta = {"w": torch.randn(10)}, {"w": torch.randn(10)}
-    before = theta["w"].clone()
+    twin, start, before = {"w": theta["w"].clone()}, theta["w"].clone(), delta["w"].clone()
     first, second = OuterSGD(), OuterSGD()
-    assert torch.equal(first.step(theta, delta)["w"], second.step(theta, delta)["w"])
-    assert torch.equal(theta["w"], before)
+    held = theta["w"]
+    for _ in range(3):
+        assert first.step(theta, delta) is theta and theta["w"] is held  # no copy of the state
+        second.step(twin, delta)
+    assert torch.equal(theta["w"], twin["w"]) and not torch.equal(theta["w"], start)
+    assert torch.equal(delta["w"], before)
     assert state_hash(first.momentum) == state_hash(second.momentum)
+    with pytest.raises(ValueError, match="float32"):
+        first.step({"w": torch.zeros(10, dtype=torch.float64)}, delta)
 
 
 @given(st.integers(0, 99), st.integers(0, 31))

@@ -265,3 +265,21 @@ def test_lent_chunks_are_views_and_their_ids_are_the_tickets():
 def test_chunk_counts_refuse_what_is_not_a_header_or_over_the_limits(heads, message):
     with pytest.raises(WireError, match=message):
         chunk_counts(heads, Limits(max_tensors=3, max_bytes=(2 << 20) + 1))
+
+
+def test_a_decoder_fills_the_buffers_into_gives_and_copies_borrowed_chunks_otherwise():
+    payload = random.Random(2).randbytes(CHUNK + 10)
+    named = [("a", Encoded("none", "uint8", (len(payload),), 64, payload)), ("b", Encoded("none", "uint8", (3,), 64, b"xyz"))]
+    own = bytearray(len(payload))
+    decoder = Decoder(into=lambda name, codec, n: memoryview(own) if name == "a" else None)
+    reused = bytearray(CHUNK)  # a source that reuses one buffer for every chunk, as meshd's lane does
+    out = []
+    for frame in frames(named):
+        if "c" in frame:
+            reused[:len(frame["c"])] = frame["c"]
+            frame = {"c": memoryview(reused)[:len(frame["c"])]}
+        out += decoder.feed(frame)
+    assert [bytes(e.payload) for _, e in out] == [payload, b"xyz"]
+    assert out[0][1].payload.obj is own  # filled in place
+    with pytest.raises(ValueError, match="writable"):
+        Decoder(into=lambda *_: memoryview(b"abc")).feed(frames(named[1:]).__next__())
