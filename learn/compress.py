@@ -45,18 +45,36 @@ def encode(tensor: torch.Tensor, codec: str = "none", block: int = 64) -> Encode
     check_block(block)
     flat = tensor.detach().float().reshape(-1)
     numel = flat.numel()
+    nblocks = math.ceil(numel / block)
+    payload = torch.empty(payload_size(codec, dtype, numel, block), dtype=torch.uint8)
+    scales, values = payload[:4 * nblocks].view(torch.float32), payload[4 * nblocks:]
+    for start in range(0, numel, _SPAN):  # a span at a time: the passes run in cache, not memory
+        part = flat[start:start + _SPAN]
+        first = start // block
+        scale, q = _quantize(part, block, _LEVELS[codec])
+        scales[first:first + scale.numel()] = scale
+        if codec == "int8":
+            values[start:start + part.numel()] = q.view(torch.uint8)
+        else:
+            if q.numel() % 2:
+                q = torch.cat([q, q.new_zeros(1)])
+            pairs = (q.view(-1, 2) & 0x0F).to(torch.uint8)
+            values[start // 2:start // 2 + pairs.shape[0]] = pairs[:, 0] | (pairs[:, 1] << 4)
+    return Encoded(codec, dtype, shape, block, tensor_view(payload))
+
+
+_SPAN = 1 << 18  # values quantized or restored per pass (a multiple of every block size, and even)
+
+
+def _quantize(part: torch.Tensor, block: int, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blockwise absmax of ``part``: the scales, and each value as a step count (int8)."""
+    numel = part.numel()
     pad = (-numel) % block
-    blocks = torch.cat([flat, flat.new_zeros(pad)]).view(-1, block)
-    levels = _LEVELS[codec]
+    blocks = (torch.cat([part, part.new_zeros(pad)]) if pad else part).view(-1, block)
     scales = blocks.abs().amax(dim=1) / levels
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
     q = torch.round(blocks / safe[:, None]).clamp_(-levels, levels).to(torch.int8).reshape(-1)[:numel]
-    if codec == "int4":
-        if numel % 2:
-            q = torch.cat([q, q.new_zeros(1)])
-        pairs = (q.view(-1, 2) & 0x0F).to(torch.uint8)
-        q = pairs[:, 0] | (pairs[:, 1] << 4)
-    return Encoded(codec, dtype, shape, block, tensor_bytes(scales) + tensor_bytes(q))
+    return scales, q
 
 
 def decode(encoded: Encoded) -> torch.Tensor:
@@ -79,16 +97,26 @@ def decode(encoded: Encoded) -> torch.Tensor:
     if codec in _CAST:
         return tensor_from_bytes(encoded.payload, "float16" if codec == "fp16" else "bfloat16",
                                  shape).to(DTYPES[dtype])
-    nblocks = math.ceil(numel / encoded.block)
-    scales = tensor_from_bytes(encoded.payload[:4 * nblocks], "float32", (nblocks,))
-    raw = tensor_from_bytes(encoded.payload[4 * nblocks:], "int8", (len(encoded.payload) - 4 * nblocks,))
-    if codec == "int4":
-        low = (raw << 4) >> 4  # sign-extend each nibble
-        high = raw >> 4
-        raw = torch.stack([low, high], dim=1).reshape(-1)[:numel]
-    values = raw.float()
-    values = torch.cat([values, values.new_zeros(nblocks * encoded.block - numel)]).view(nblocks, encoded.block)
-    return (values * scales[:, None]).reshape(-1)[:numel].reshape(shape)
+    block = encoded.block
+    nblocks = math.ceil(numel / block)
+    payload = tensor_from_bytes(encoded.payload, "uint8", (len(encoded.payload),))
+    scales, raw = payload[:4 * nblocks].view(torch.float32), payload[4 * nblocks:].view(torch.int8)
+    out = torch.empty(numel)
+    for start in range(0, numel, _SPAN):
+        n = min(_SPAN, numel - start)
+        if codec == "int8":
+            steps = raw[start:start + n]
+        else:
+            packed = raw[start // 2:(start + n + 1) // 2]
+            steps = torch.stack([(packed << 4) >> 4, packed >> 4], dim=1).reshape(-1)[:n]  # sign-extend each nibble
+        values = steps.float()
+        pad = (-n) % block
+        if pad:
+            values = torch.cat([values, values.new_zeros(pad)])
+        first = start // block
+        restored = values.view(-1, block) * scales[first:first + (n + pad) // block, None]
+        out[start:start + n] = restored.reshape(-1)[:n]
+    return out.reshape(shape)
 
 
 class ErrorFeedback:
