@@ -19,6 +19,7 @@ class OuterSGD:
     def __init__(self, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True):
         self.lr, self.mu, self.nesterov = lr, momentum, nesterov
         self.momentum: dict[str, torch.Tensor] = {}
+        self._scratch = torch.empty(0)  # Nesterov's Δ + μ·b, one tensor at a time (the largest's size, kept)
 
     def step(self, theta: dict[str, torch.Tensor], delta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Move the entries of ``theta`` named in ``delta`` (both float32) one step,
@@ -33,7 +34,12 @@ class OuterSGD:
                 buf = self.momentum[name] = d.clone()
             else:
                 buf.mul_(self.mu).add_(d)
-            update = d.add(buf, alpha=self.mu) if self.nesterov else buf
+            if self.nesterov:
+                if self._scratch.numel() < d.numel():
+                    self._scratch = torch.empty(d.numel())
+                update = torch.add(d, buf, alpha=self.mu, out=self._scratch[:d.numel()].view(d.shape))
+            else:
+                update = buf
             theta[name].sub_(update, alpha=self.lr)
         return theta
 
