@@ -1,19 +1,21 @@
 """Learning throughput: one DiLoCo outer sync of a large model among members in their own processes,
 beside hivemind's DecentralizedAverager moving the same bytes in the same run.
 
-    .venv/bin/python benchmarks/learning_throughput.py [--mib 256] [--members 4] [--syncs 1]
+    .venv/bin/python benchmarks/learning_throughput.py [--mib 256] [--members 4] [--syncs 3] [--warmup 1]
         [--codecs none,int8] [--skip ceiling,meshd,hivemind] [--json FILE] [--logs DIR]
 
-One table, all on 127.0.0.1 (MB = 1e6 bytes, MiB = 2**20); about 2-3 min at 256 MiB on 2 cores, and
-~3 GiB of memory per member at the first sync (more after later syncs: see docs/learning.md):
+One table, all on 127.0.0.1 (MB = 1e6 bytes, MiB = 2**20); about 3 min at 256 MiB on 2 cores, and
+~2.5 GiB of memory per member:
 
 1. Ceiling: a memcpy of ``--mib`` MiB in this process (one thread), ``--mib`` MiB over plain TCP
    between two processes, and ``--mib`` MiB down one meshd QUIC RPC stream between two nodes in two
-   processes (the path our tensors take today).
+   processes (the path tensors take to a peer without a direct path, where the bulk lane cannot go).
 2. meshd: ``--members`` processes, each one meshd node (services dht + learning, no NAT probing)
    holding a model of ``--mib`` MiB of float32 parameters (tensors of ``--tensor-mib``) and a
    ``meshd.learning.DiLoCo`` on it with H = 1 (each ``step()`` is one outer sync: Δ, the group's
-   all-reduce, the Nesterov step, the state hash and the state offered for ``learning.pull``).
+   all-reduce, the Nesterov step, the state hash and the state offered for ``learning.pull``),
+   payloads over the TCP bulk lane.  ``--warmup`` syncs run first, unmeasured but for memory (as
+   hivemind's warm-up rounds: the first sync maps each member's buffers and opens its lanes).
    The inner optimizer is SGD with no gradients; before each sync every member moves its parameters
    by its own noise, outside the timing.  The members start together (a barrier through their
    pipes); per sync we take the slowest member's all-reduce time (``SyncReport.seconds``) and its
@@ -335,12 +337,12 @@ class MemoryGuard(threading.Thread):
 def meshd_run(args, codec: str, tmp: Path) -> dict:
     """One group of ``args.members`` member processes doing ``args.syncs`` outer syncs with ``codec``."""
     base = [sys.executable, __file__, "--mib", str(args.mib), "--tensor-mib", str(args.tensor_mib),
-            "--members", str(args.members), "--syncs", str(args.syncs), "--codec", codec,
+            "--members", str(args.members), "--syncs", str(args.warmup + args.syncs), "--codec", codec,
             "--round-timeout", str(args.round_timeout), "--data-dir", str(tmp / codec)]
     if args.niceness:
         base = ["nice", "-n", str(args.niceness), *base]
     children: list[Child] = []
-    res: dict = {"codec": codec, "syncs": []}
+    res: dict = {"codec": codec, "syncs": [], "warmup": []}
     need = args.members * (args.mem_per_mib * args.mib + 500)
     if (have := mem_available_mib()) < need + args.mem_floor:
         raise RuntimeError(f"{args.members} members of {args.mib} MiB may need ~{need / 1024:,.1f} GiB at their peak, "
@@ -367,7 +369,7 @@ def meshd_run(args, codec: str, tmp: Path) -> dict:
             c.send("start")
         log(f"[meshd {codec}] {args.members} members joined; RSS after the model "
             f"{[round(j['rss_model']) for j in res['joined']]} MiB")
-        for k in range(args.syncs):
+        for k in range(args.warmup + args.syncs):
             for c in children:
                 c.expect("at", 300)
             t0 = time.perf_counter()
@@ -375,8 +377,8 @@ def meshd_run(args, codec: str, tmp: Path) -> dict:
                 c.send("go")
             reports = [c.expect("sync", 4 * args.round_timeout + 60) for c in children]
             wall = time.perf_counter() - t0
-            res["syncs"].append({"wall_s": wall, "members": reports})
-            log(f"[meshd {codec}] sync {k}: all-reduce {max(r['allreduce_s'] for r in reports):.2f} s, step "
+            res["syncs" if k >= args.warmup else "warmup"].append({"wall_s": wall, "members": reports})
+            log(f"[meshd {codec}] {'warm-up ' if k < args.warmup else ''}sync {k}: all-reduce {max(r['allreduce_s'] for r in reports):.2f} s, step "
                 f"{max(r['step_s'] for r in reports):.2f} s, peak RSS {[round(r['hwm']) for r in reports]} MiB, "
                 f"contributors {[r['contributors'] for r in reports]}")
         for c in children:
@@ -406,8 +408,9 @@ def summarize_meshd(res: dict, model_mib: float, members: int) -> dict:
     moved = [statistics.mean(r["bytes_in"] + r["bytes_out"] for r in s["members"]) for s in syncs]
     rates = [b / a / MB for b, a in zip(moved, allreduce)]
     joined = {i: j for i, j in enumerate(res["joined"])}
-    beyond = max(r["hwm"] - joined[i]["rss_model"] for s in syncs for i, r in enumerate(s["members"]))
-    transient = max(r["hwm"] - r["rss_before"] for s in syncs for r in s["members"])
+    every = syncs + res["warmup"]  # memory: the warm-up syncs' peaks count too
+    beyond = max(r["hwm"] - joined[i]["rss_model"] for s in every for i, r in enumerate(s["members"]))
+    transient = max(r["hwm"] - r["rss_before"] for s in every for r in s["members"])
     standing = max(r["rss_before"] - joined[i]["rss_model"] for s in syncs for i, r in enumerate(s["members"]))
     hashes = [{r["hash"] for r in s["members"]} for s in syncs]
     cpu = statistics.median(r["cpu_s"] for s in syncs for r in s["members"])
@@ -538,7 +541,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=256, help="model size in MiB of float32 parameters")
     parser.add_argument("--members", type=int, default=4)
-    parser.add_argument("--syncs", type=int, default=1, help="outer syncs (and measured hivemind rounds) per codec")
+    parser.add_argument("--syncs", type=int, default=3, help="outer syncs (and measured hivemind rounds) per codec")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="meshd syncs before the measured ones (the first maps its buffers and opens its lanes)")
     parser.add_argument("--hm-warmup", type=int, default=1,
                         help="hivemind rounds before the measured ones (its first round opens its connections)")
     parser.add_argument("--codecs", default="none,int8", help="comma list: none, int8 (hivemind: Uniform8Bit)")

@@ -78,7 +78,7 @@ class DiLoCo:
         self._taken = 0  # states taken from others: an exchange begun before one is not applied after it
         self._resyncing = False
         self._residual: dict[int, torch.Tensor] = {}  # error feedback, per fragment
-        self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # fragment -> (Δ, average), reused
+        self._buffers: dict[int, torch.Tensor] = {}  # fragment -> its Δ vector, reused (the average lands in it)
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
         self._started = False
         self._offer_state()  # a member that joins before our first step can take it already
@@ -164,20 +164,16 @@ class DiLoCo:
 
     # --- one exchange -------------------------------------------------------------------------------
 
-    def _vectors(self, p: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fragment ``p``'s two flat float32 vectors, kept from exchange to exchange
-        (one exchange of a fragment ends before its next begins): its Δ, and the
-        average the exchange writes.  Reusing them spares a large model two
-        fresh mappings of its size, page faults and all, every round."""
-        if p not in self._buffers:
-            size = sum(self.theta[n].numel() for n in self.fragments[p])
-            self._buffers[p] = (torch.empty(size), torch.empty(size))
-        return self._buffers[p]
-
     def _delta(self, p: int) -> torch.Tensor:
-        """Fragment ``p``'s Δ = θ − θ_local, flattened in name order (written once, into its Δ vector)."""
+        """Fragment ``p``'s Δ = θ − θ_local, flattened in name order, written into
+        the fragment's one flat vector: kept from exchange to exchange (one
+        exchange of a fragment ends before its next begins) and, with codec
+        none, the one the average is written back into, so a large model's
+        exchange maps no fresh memory of its size, page faults and all."""
         names = sorted(self.fragments[p])
-        out, at = self._vectors(p)[0], 0
+        if p not in self._buffers:
+            self._buffers[p] = torch.empty(sum(self.theta[n].numel() for n in names))
+        out, at = self._buffers[p], 0
         for n in names:
             size = self.theta[n].numel()
             torch.sub(self.theta[n], self._params[n].detach().float(), out=out[at:at + size].view_as(self.theta[n]))
@@ -218,7 +214,7 @@ class DiLoCo:
 
         avg, sent, missing, used = await group.allreduce(
             (round_, p), q, samples=samples, encode=lambda t: encode(t, self.compression, self.block),
-            decode=decode, reduce=reduce, out=self._vectors(p)[1])
+            decode=decode, reduce=reduce, out=q if self.compression == "none" else None)
         if self.compression != "none":
             self._residual[p] = torch.sub(q, sent, out=residual) if residual is not None else q - sent
         gap = sum(hi - lo for lo, hi in missing)

@@ -357,13 +357,16 @@ class Group:
         weights)`` returns the reduced slice and the indices of the
         contributions it clipped; ``key`` is (round, fragment).  Returns the
         averaged vector, what the others received of ``flat`` (decoded: the
-        caller keeps the difference as error feedback), the (start, end) ranges
-        that could not be had (zeros there), and the contributors some reducer
-        used.  A member not on the roster sends nothing (what it "sent" is
-        ``flat`` itself) and takes the reduced slices like the others.  The
-        average is written into ``out`` if given (a vector of ``flat``'s size
-        the caller reuses: a large model's exchange then maps no new memory
-        for it), and reduced slices sent uncompressed are received straight into it."""
+        caller keeps the difference as error feedback; None if nothing was
+        lost), the (start, end) ranges that could not be had (zeros there),
+        and the contributors some reducer used.  A member not on the roster
+        sends nothing and takes the reduced slices like the others.
+
+        The average is written into ``out`` if given, and reduced slices sent
+        uncompressed are received straight into it; ``out`` may be ``flat``
+        itself (with codec none), each slice then overwritten once this
+        member's part of it has gone to its reducer: a large model's
+        exchange then maps no new memory for either."""
         import torch  # noqa: PLC0415  (torch, and learn's modules that use it, only where tensors are)
         from learn.allreduce import AllReduce, partition  # noqa: PLC0415
 
@@ -376,13 +379,19 @@ class Group:
         encoded = [encode(flat[lo:hi]) for lo, hi in ranges] if contributing else []
         lossless = all(e.codec == "none" for e in encoded)  # then what the others receive is flat itself
         sent = torch.cat([decode(e) for e in encoded]) if contributing and not lossless else flat
+        out = torch.empty_like(flat) if out is None else out
+        if out.data_ptr() == flat.data_ptr() and not lossless:
+            raise ValueError("the average goes into the vector itself only with codec none")
+        gone = [trio.Event() for _ in members]  # this member's part i is with its reducer (or failed to go)
+        for index in range(len(members)):
+            if not contributing or members[index] == self.me or out.data_ptr() != flat.data_ptr():
+                gone[index].set()
 
         def reduce_part(tensors, weights):
             value, exchange.clipped = reduce(tensors, weights)
             exchange.encoded = encode(value)  # what the others receive: for codec none, value itself
             return value if exchange.encoded.codec == "none" else decode(exchange.encoded)
 
-        out = torch.empty_like(flat) if out is None else out
         timeout = self.clock.timeout()
         core = exchange.core = AllReduce(self.me, members, sent, reduce=reduce_part, weight=max(1, samples),
                                          now=trio.current_time(), timeout=timeout)
@@ -398,10 +407,10 @@ class Group:
                 if len(members) > 1:  # stay until the others have this slice (it may be its last round)
                     nursery.start_soon(_wait_until, exchange.served_all, core.deadline)
             for peer, index, _ in core.outgoing():
-                nursery.start_soon(self._send_part, exchange, index, encoded[index], samples, timeout)
+                nursery.start_soon(self._send_part, exchange, index, encoded[index], samples, timeout, gone[index])
             for index, (peer, (lo, hi)) in enumerate(zip(members, ranges)):
                 if peer != self.me:
-                    nursery.start_soon(self._fetch_reduced, exchange, index, decode, out[lo:hi])
+                    nursery.start_soon(self._fetch_reduced, exchange, index, decode, out[lo:hi], gone[index])
         core.expire(max(trio.current_time(), core.deadline))  # nothing more is on its way
         used_by_any = set()
         for index, (lo, hi) in enumerate(ranges):
@@ -417,7 +426,7 @@ class Group:
             if older.key[0] < key[0] and older.over:
                 older.offer = None
         self.clock.observe(trio.current_time() - started)
-        return out, sent, [ranges[i] for i in core.missing_parts()], used_by_any
+        return out, None if lossless else sent, [ranges[i] for i in core.missing_parts()], used_by_any
 
     def _exchange(self, key: tuple) -> Exchange:
         exchange = self._exchanges.get(key)
@@ -470,7 +479,9 @@ class Group:
             log.warning("group %s: %s's contributions were clipped in %d of %d rounds: a bad or broken member?",
                         self.name, PeerId(member).short(), clipped, self.used[member])
 
-    async def _send_part(self, exchange: Exchange, index: int, encoded, samples: int, timeout: float) -> None:
+    async def _send_part(self, exchange: Exchange, index: int, encoded, samples: int, timeout: float,
+                         gone: trio.Event) -> None:
+        """Send this member's part ``index`` to its reducer (``gone`` is set when that is over, either way)."""
         members = exchange.core.members
         reducer = PeerId(members[index])
         offer = self._sign(exchange.key[0], f"part:{exchange.key[1]}:{index}", [("slice", encoded)], samples)
@@ -491,10 +502,14 @@ class Group:
                 await _lane_or_quic(send, self._bulk.enabled)
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.info("group %s: slice %d to %s failed: %s", self.name, index, reducer.short(), exc)
+        finally:
+            gone.set()
 
-    async def _fetch_reduced(self, exchange: Exchange, index: int, decode: Callable, place) -> None:
+    async def _fetch_reduced(self, exchange: Exchange, index: int, decode: Callable, place,
+                             gone: trio.Event) -> None:
         """Take reduced slice ``index`` from its reducer (uncompressed, straight into
-        ``place``, its part of the average), or leave it missing at the round's deadline."""
+        ``place``, its part of the average, once ``gone`` says what ``place``
+        held has gone), or leave it missing at the round's deadline."""
         from learn.tensors import tensor_view  # noqa: PLC0415
 
         core, (round_, fragment) = exchange.core, exchange.key
@@ -506,6 +521,8 @@ class Group:
 
         try:
             with trio.fail_at(core.deadline):
+                await gone.wait()
+
                 async def take(lane: bool):
                     arg = {"group": self.name, "key": [round_, fragment], "index": index, "lane": lane}
                     async with self._host.rpc.stream(reducer, "learning.reduced", arg) as items:
@@ -639,7 +656,6 @@ class Group:
                 raise InvalidArgument("a reduced slice names the contributors it used")
             return contribution, named, used
         return contribution, named
-
 
     async def _receive_lent(self, peer: PeerId, head: dict, items, decoder: Decoder) -> list:
         """The tensors of a set whose payloads ``peer`` lends on the bulk lane:
