@@ -1,7 +1,7 @@
 """Learning throughput: one DiLoCo outer sync of a large model among members in their own processes,
 beside hivemind's DecentralizedAverager moving the same bytes in the same run.
 
-    .venv/bin/python benchmarks/learning_throughput.py [--mib 256] [--members 4] [--syncs 3] [--warmup 1]
+    .venv/bin/python benchmarks/learning_throughput.py [--mib 256] [--members 4] [--syncs 3] [--warmup 2]
         [--codecs none,int8] [--skip ceiling,meshd,hivemind] [--json FILE] [--logs DIR]
 
 One table, all on 127.0.0.1 (MB = 1e6 bytes, MiB = 2**20); about 3 min at 256 MiB on 2 cores, and
@@ -15,7 +15,8 @@ One table, all on 127.0.0.1 (MB = 1e6 bytes, MiB = 2**20); about 3 min at 256 Mi
    ``meshd.learning.DiLoCo`` on it with H = 1 (each ``step()`` is one outer sync: Δ, the group's
    all-reduce, the Nesterov step, the state hash and the state offered for ``learning.pull``),
    payloads over the TCP bulk lane.  ``--warmup`` syncs run first, unmeasured but for memory (as
-   hivemind's warm-up rounds: the first sync maps each member's buffers and opens its lanes).
+   hivemind's ``--hm-warmup`` rounds: the first syncs map each member's buffers and grow its heap,
+   and take ~2x the CPU of later ones).
    The inner optimizer is SGD with no gradients; before each sync every member moves its parameters
    by its own noise, outside the timing.  The members start together (a barrier through their
    pipes); per sync we take the slowest member's all-reduce time (``SyncReport.seconds``) and its
@@ -542,9 +543,9 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=256, help="model size in MiB of float32 parameters")
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--syncs", type=int, default=3, help="outer syncs (and measured hivemind rounds) per codec")
-    parser.add_argument("--warmup", type=int, default=1,
-                        help="meshd syncs before the measured ones (the first maps its buffers and opens its lanes)")
-    parser.add_argument("--hm-warmup", type=int, default=1,
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="meshd syncs before the measured ones (the first two map buffers and grow the heap)")
+    parser.add_argument("--hm-warmup", type=int, default=2,
                         help="hivemind rounds before the measured ones (its first round opens its connections)")
     parser.add_argument("--codecs", default="none,int8", help="comma list: none, int8 (hivemind: Uniform8Bit)")
     parser.add_argument("--tensor-mib", type=int, default=16, help="size of each parameter tensor")

@@ -26,7 +26,9 @@ import trio
 
 from learn.encoded import CodecError
 from learn.group import GroupView, RoundClock
-from learn.wire import Contribution, Decoder, Into, Limits, WireError, chunk_counts, digest_of, frames, header
+from learn.wire import (
+    CHUNK, Contribution, Decoder, Into, Limits, WireError, chunk_counts, digest_of, frames, header,
+)
 
 from ...identity import PeerId
 from ...lane import LaneError
@@ -624,8 +626,10 @@ class Group:
     async def _receive(self, peer: PeerId, items, *, kind: str, round: int | None = None,
                        with_used: bool = False, into: Into | None = None):
         """Read a signed tensor set from ``items`` (payloads into the buffers
-        ``into`` gives, as :class:`learn.wire.Decoder` takes it); InvalidArgument
-        unless it is ``peer``'s, of ``kind`` (and ``round``), whole and matching its digest."""
+        ``into`` gives, as :class:`learn.wire.Decoder` takes it, else payloads
+        over a chunk into fresh memory, mapped as it is written: one copy);
+        InvalidArgument unless it is ``peer``'s, of ``kind`` (and ``round``),
+        whole and matching its digest."""
         head = await anext(items, None)
         try:
             contribution = Contribution.from_wire(field(head, "contribution", dict))
@@ -636,7 +640,7 @@ class Group:
                 raise InvalidArgument(f"expected {kind} of group {self.name!r}")
             if round is not None and contribution.round != round:
                 raise InvalidArgument(f"expected round {round}, not {contribution.round}")
-            decoder = Decoder(self.limits, into=into)
+            decoder = Decoder(self.limits, into=into or _fresh)
             named: list = []
             if "lane" in head:
                 named = await self._receive_lent(peer, head, items, decoder)
@@ -681,6 +685,16 @@ class Group:
         if await anext(items, None) is not None:
             raise WireError("frames after a lent tensor set's headers")
         return named
+
+
+def _fresh(name: str, codec: str, nbytes: int) -> memoryview | None:
+    """A payload's own buffer, for payloads of more than a chunk (torch.empty: pages are
+    mapped as the chunks come, not when a peer announces a size)."""
+    import torch  # noqa: PLC0415
+
+    from learn.tensors import tensor_view  # noqa: PLC0415
+
+    return tensor_view(torch.empty(nbytes, dtype=torch.uint8), writable=True) if nbytes > CHUNK else None
 
 
 async def _lane_or_quic(send: Callable[[bool], object], lane: bool):
