@@ -2,7 +2,11 @@
 
 :class:`OuterSGD` is SGD with Nesterov momentum on the averaged
 pseudo-gradient, in float32, written out so that its result depends only on
-its inputs (the same as ``torch.optim.SGD(nesterov=True)`` step for step).
+its inputs, on any CPU: every product is rounded on its own before it is
+added.  (``torch.optim.SGD`` computes ``a + α·b`` with ``add(alpha=)``,
+which torch fuses into one multiply-add where the CPU has FMA and not where
+it does not, so two members on different CPUs would part in the last bit.)
+It agrees with ``torch.optim.SGD(nesterov=True)`` to float32 rounding.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ class OuterSGD:
     def __init__(self, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True):
         self.lr, self.mu, self.nesterov = lr, momentum, nesterov
         self.momentum: dict[str, torch.Tensor] = {}
-        self._scratch = torch.empty(0)  # Nesterov's Δ + μ·b, one tensor at a time (the largest's size, kept)
+        self._scratch = torch.empty(0)  # the step, one tensor at a time (the largest's size, kept)
 
     def step(self, theta: dict[str, torch.Tensor], delta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Move the entries of ``theta`` named in ``delta`` (both float32) one step,
@@ -33,14 +37,16 @@ class OuterSGD:
             if buf is None:
                 buf = self.momentum[name] = d.clone()
             else:
-                buf.mul_(self.mu).add_(d)
+                buf.mul_(self.mu).add_(d)  # b ← μ·b + Δ
+            if self._scratch.numel() < d.numel():
+                self._scratch = torch.empty(d.numel())
+            step = self._scratch[:d.numel()].view(d.shape)
             if self.nesterov:
-                if self._scratch.numel() < d.numel():
-                    self._scratch = torch.empty(d.numel())
-                update = torch.add(d, buf, alpha=self.mu, out=self._scratch[:d.numel()].view(d.shape))
+                torch.mul(buf, self.mu, out=step).add_(d)  # Δ + μ·b
+                step.mul_(self.lr)
             else:
-                update = buf
-            theta[name].sub_(update, alpha=self.lr)
+                torch.mul(buf, self.lr, out=step)
+            theta[name].sub_(step)
         return theta
 
 
