@@ -22,12 +22,13 @@ from .node import Node
 from .service import Service
 from .services.crdt import Crdt, CrdtSection
 from .services.dht import Dht, DhtSection
+from .services.experts import Experts, ExpertsSection
 from .services.learning import Learning, LearningSection
 from .services.nat import Nat, NatSection, RelaySection
 from .services.shards import Shards, ShardsSection
 
-SERVICES = ("nat", "dht", "crdt", "shards", "learning")
-NEEDS = {"crdt": ("dht",), "shards": ("dht", "crdt"), "learning": ("dht",)}
+SERVICES = ("nat", "dht", "crdt", "shards", "learning", "experts")
+NEEDS = {"crdt": ("dht",), "shards": ("dht", "crdt"), "learning": ("dht",), "experts": ("dht",)}
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Config(CoreConfig):
     crdt: CrdtSection = field(default_factory=CrdtSection)
     shards: ShardsSection = field(default_factory=ShardsSection)
     learning: LearningSection = field(default_factory=LearningSection)
+    experts: ExpertsSection = field(default_factory=ExpertsSection)
 
 
 def check_services(names: Sequence[str]) -> list[str]:
@@ -74,6 +76,8 @@ def build_services(host: Node, config: Config, names: Sequence[str]) -> list[Ser
         built.append(Shards(host, config.shards, providers=dht.node, documents=crdt))
     if "learning" in names:
         built.append(Learning(host, config.learning, providers=dht.node))
+    if "experts" in names:
+        built.append(Experts(host, config.experts, providers=dht.node))
     return built
 
 

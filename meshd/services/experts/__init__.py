@@ -1,0 +1,13 @@
+"""Expert ensembles, the service ``experts``.
+
+:class:`Experts` (:mod:`.service`) serves a node's experts (:mod:`.served`:
+queued, batched calls) and finds and calls others'; :class:`RemoteExpert`
+(:mod:`.remote`) picks among an expert's servers by measured latency, hedges
+and retries; :class:`HDEEEnsemble` and :class:`DDMEnsemble`
+(:mod:`.ensembles`) mix experts.  The mixing math is :mod:`experts`.
+"""
+
+from .config import ExpertsSection
+from .service import PROVIDER_PREFIX, Experts, check_expert_id
+
+__all__ = ["PROVIDER_PREFIX", "Experts", "ExpertsSection", "check_expert_id"]

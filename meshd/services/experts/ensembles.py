@@ -1,0 +1,184 @@
+"""Ensembles of remote experts: HDEE for language models, DDM for flow-matching models.
+
+Both call the experts they need concurrently (each a :class:`RemoteExpert`:
+the fastest server, hedged, retried), leave out an expert that does not
+answer (its weight goes to the others, renormalized) and say in their
+result which experts answered and why the others did not.  The mixing is
+:mod:`experts.hdee` and :mod:`experts.ddm`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import trio
+
+from experts import ddm, hdee
+
+from .remote import ExpertUnavailable, RemoteExpert
+
+
+@dataclass
+class Scored:
+    """A sequence scored by an HDEE ensemble."""
+
+    logp: torch.Tensor  # [T-1]: the mixture's log-probability of each token after the first
+    log_weights: torch.Tensor  # [E', T-1]: each answering expert's log posterior before each of them
+    answered: list[str]  # the experts in the mixture, in log_weights' row order
+    dropped: dict[str, str] = field(default_factory=dict)  # expert -> why it is not
+    last: dict[str, torch.Tensor] = field(default_factory=dict)  # expert -> log-distribution of the next token [V]
+
+
+async def _gather(calls: dict[str, object]) -> tuple[dict[str, object], dict[str, str]]:
+    """Await every ``calls[name]()`` concurrently: (answers by name, failures by name)."""
+    answers: dict[str, object] = {}
+    failures: dict[str, str] = {}
+
+    async def one(name: str, call) -> None:
+        try:
+            answers[name] = await call()
+        except ExpertUnavailable as exc:
+            failures[name] = str(exc)
+
+    async with trio.open_nursery() as nursery:
+        for name, call in calls.items():
+            nursery.start_soon(one, name, call)
+    return answers, failures
+
+
+class HDEEEnsemble:
+    """Language-model experts (kind ``lm``) weighted by their posterior given the text so far.
+
+    ``prior`` is ``"uniform"`` or a map from expert id to its prior
+    probability (e.g. one :func:`experts.hdee.estimate_prior` made on held-out
+    text); ``rule="uniform"`` averages the experts' probabilities instead.
+    """
+
+    def __init__(self, node, expert_ids: list[str], *, prior: str | dict[str, float] = "uniform",
+                 rule: str = "posterior", timeout: float | None = None):
+        if not expert_ids or len(set(expert_ids)) != len(expert_ids):
+            raise ValueError("an ensemble needs distinct expert ids")
+        if rule not in ("posterior", "uniform"):
+            raise ValueError(f"rule must be posterior or uniform, not {rule!r}")
+        if prior != "uniform" and (not isinstance(prior, dict) or set(prior) != set(expert_ids)
+                                   or not all(p >= 0 for p in prior.values()) or sum(prior.values()) <= 0):
+            raise ValueError("prior is 'uniform' or a probability for every expert of the ensemble")
+        self.expert_ids, self.prior, self.rule = list(expert_ids), prior, rule
+        self.experts = {e: RemoteExpert(node, e, op="score", timeout=timeout) for e in expert_ids}
+        self.weights: dict[str, float] = {}  # each answering expert's posterior after the last text scored
+
+    def _log_prior(self, names: list[str]) -> torch.Tensor | None:
+        if self.prior == "uniform":
+            return None
+        return torch.tensor([math.log(self.prior[n]) if self.prior[n] > 0 else -math.inf for n in names],
+                            dtype=torch.float64)
+
+    async def score(self, ids: torch.Tensor) -> Scored:
+        """The mixture's log-probability of each token of ``ids`` (int64 [T], T >= 2)
+        after the first.  ExpertUnavailable if no expert answered."""
+        if ids.dtype != torch.int64 or ids.dim() != 1 or ids.numel() < 2:
+            raise ValueError("ids are one sequence of int64 token ids, at least 2")
+        answers, dropped = await _gather({e: (lambda x=x: x(ids[None])) for e, x in self.experts.items()})
+        answered = [e for e in self.expert_ids if e in answers]
+        if not answered:
+            raise ExpertUnavailable(f"no expert of the ensemble answered: {dropped}")
+        logp = torch.cat([answers[e][0] for e in answered]).double()  # [E', T-1]
+        prior = self._log_prior(answered)
+        if self.prior != "uniform" and bool((prior == -math.inf).all()):
+            raise ExpertUnavailable("the experts that answered all have prior zero")
+        if self.rule == "uniform":
+            mix, log_w = hdee.uniform_mixture(logp), torch.full_like(logp, -math.log(len(answered)))
+        else:
+            mix, log_w = hdee.posterior_mixture(logp, prior)
+        final = torch.log_softmax(log_w[:, -1] + logp[:, -1], dim=0) if self.rule == "posterior" else log_w[:, -1]
+        self.weights = dict(zip(answered, final.exp().tolist()))
+        return Scored(mix.float(), log_w.float(), answered, dropped,
+                      {e: answers[e][1][0] for e in answered})
+
+    async def next_token_logprobs(self, context: torch.Tensor) -> tuple[torch.Tensor, Scored]:
+        """The mixture's log-distribution of the token after ``context`` (int64 [T],
+        T >= 2), each expert weighted by its posterior after the whole context;
+        and the scored context (who answered, the weights)."""
+        scored = await self.score(context)
+        log_w = torch.tensor([math.log(max(self.weights[e], 1e-300)) for e in scored.answered],
+                             dtype=torch.float64)
+        last = torch.stack([scored.last[e].double() for e in scored.answered])  # [E', V]
+        return torch.logsumexp(log_w[:, None] + last, dim=0).float(), scored
+
+
+@dataclass
+class Sampled:
+    """What a DDM ensemble's sampling did."""
+
+    x: torch.Tensor  # [n, D] the samples
+    rows: dict[str, int]  # expert -> rows it evaluated (a row is one sample at one step)
+    calls: dict[str, int]  # expert -> calls made to it
+    dropped: dict[str, str] = field(default_factory=dict)  # expert -> why it was left out (from then on)
+
+
+class DDMEnsemble:
+    """Flow-matching experts (kind ``flow``: ``v(x, t)``) combined by a router
+    (kind ``router``: logits over the experts given ``(x, t)``) at every
+    sampling step: ``mode`` full (router-weighted sum), ``top1``, ``topk``
+    (``top_k`` experts per sample) or ``uniform`` (no router).  Each expert is
+    sent only the samples it carries weight for; an expert that fails is
+    left out from then on and its samples re-routed among the others."""
+
+    def __init__(self, node, experts: list[str], router: str | None, *, mode: str = "full", top_k: int = 2,
+                 timeout: float | None = None):
+        if mode not in ddm.MODES:
+            raise ValueError(f"mode must be one of {', '.join(ddm.MODES)}, not {mode!r}")
+        if mode != "uniform" and router is None:
+            raise ValueError(f"mode {mode} needs a router")
+        if not experts or len(set(experts)) != len(experts):
+            raise ValueError("an ensemble needs distinct expert ids")
+        self.expert_ids, self.mode, self.top_k = list(experts), mode, top_k
+        self.experts = [RemoteExpert(node, e, timeout=timeout) for e in experts]
+        self.router = RemoteExpert(node, router, timeout=timeout) if mode != "uniform" else None
+        self.dead: dict[int, str] = {}
+
+    async def velocity(self, x: torch.Tensor, t: float, sampled: Sampled) -> torch.Tensor:
+        """The ensemble's velocity at ``x`` ([B, D]) and time ``t``; counts calls in ``sampled``."""
+        batch, k = x.shape[0], len(self.experts)
+        times = torch.full((batch,), float(t))
+        logits = (await self.router(x, times)).double() if self.router is not None else torch.zeros(batch, k)
+        if logits.shape != (batch, k):
+            raise ValueError(f"the router gave logits of shape {list(logits.shape)}, not [{batch}, {k}]")
+        mode = "full" if self.mode == "uniform" else self.mode  # uniform: equal logits, full softmax over the live
+        outputs: dict[int, torch.Tensor] = {}
+        done = {i: torch.zeros(batch, dtype=torch.bool) for i in range(k)}
+        weights = None
+        for _ in range(k + 1):  # each pass that asks again has lost an expert: k + 1 passes settle it
+            if len(self.dead) == k:
+                raise ExpertUnavailable(f"every expert failed: {self.dead}")
+            masked = logits.clone()
+            masked[:, list(self.dead)] = -math.inf
+            weights = ddm.route(masked, mode, min(self.top_k, k - len(self.dead)))
+            todo = {i: (weights[:, i] > 0) & ~done[i] for i in range(k) if i not in self.dead}
+            todo = {i: rows for i, rows in todo.items() if rows.any()}
+            if not todo:
+                break
+            answers, failures = await _gather({i: (lambda i=i, rows=rows: self.experts[i](x[rows], times[rows]))
+                                               for i, rows in todo.items()})
+            for i, rows in todo.items():
+                name = self.expert_ids[i]
+                sampled.calls[name] = sampled.calls.get(name, 0) + 1
+                if i in failures:
+                    self.dead[i] = sampled.dropped[name] = failures[i]
+                    continue
+                sampled.rows[name] = sampled.rows.get(name, 0) + int(rows.sum())
+                out = outputs.setdefault(i, torch.zeros_like(x))
+                out[rows] = answers[i].to(x.dtype)
+                done[i] |= rows
+        return ddm.combine(weights, {i: o for i, o in outputs.items() if i not in self.dead})[0]
+
+    async def sample(self, n: int, dim: int, *, steps: int = 100, seed: int = 0) -> Sampled:
+        """``n`` samples: Euler from noise (t = 0) to data (t = 1) in ``steps`` steps."""
+        x = torch.randn(n, dim, generator=torch.Generator().manual_seed(seed))
+        sampled = Sampled(x, {}, {})
+        for t in ddm.euler_times(steps):
+            x = ddm.euler_step(x, await self.velocity(x, t, sampled), 1.0 / steps)
+        sampled.x = x
+        return sampled

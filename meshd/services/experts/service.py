@@ -1,0 +1,196 @@
+"""Expert ensembles, the service ``experts``: serve torch modules, find and call others'.
+
+An expert is a torch module with an id (``"code-small"``), a kind (``lm``,
+``flow``, ``router`` or ``module``) and a domain or cluster.  A node that
+serves one (:meth:`Experts.serve`) provides ``b"/expert/" + id`` in the DHT
+and answers two peer methods:
+
+* ``experts.call`` ``{"expert", "op", "inputs"}`` → ``{"outputs", "batch"}``:
+  tensors in and out as ``{"dtype", "shape", "data"}`` maps (:mod:`.tensors`),
+  the call batched with others (:mod:`.served`);
+* ``experts.info`` ``{"expert"}`` → what the expert is (kind, domain,
+  parameters, model id) and how loaded its server is.
+
+Callers find an expert's servers with :meth:`Experts.servers` and call one
+with :meth:`Experts.call`; :class:`~.remote.RemoteExpert` chooses among them,
+hedges and retries, and the ensembles (:mod:`.ensembles`) mix experts.
+Torch is imported only by the code that touches tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol, Sequence
+
+import trio
+
+from dht.ids import Contact
+from dht.network import DhtError
+
+from ...identity import PeerId
+from ...rpc import InvalidArgument, NotFound
+from ...rpc.args import field
+from ...service import Host
+from .config import ExpertsSection
+from .control import control_methods
+from .served import Served
+from .tensors import from_wire, to_wire
+
+log = logging.getLogger("meshd.experts")
+
+PROVIDER_PREFIX = b"/expert/"
+MAX_ID = 128
+
+
+class Providers(Protocol):
+    """Provider records (the DHT): how callers find an expert's servers."""
+
+    async def provide(self, key: bytes) -> int: ...
+    def unprovide(self, key: bytes) -> None: ...
+    async def find_providers(self, key: bytes, count: int) -> Sequence[Contact]: ...
+
+
+def check_expert_id(expert_id: object) -> str:
+    """``expert_id`` if it is a usable expert id; ValueError otherwise."""
+    if not isinstance(expert_id, str) or not 0 < len(expert_id) <= MAX_ID or not expert_id.isprintable():
+        raise ValueError(f"an expert id is 1-{MAX_ID} printable characters, not {expert_id!r:.40}")
+    return expert_id
+
+
+class Experts:
+    """The experts a node serves, and its way to others' (service ``experts``, config ``[experts]``)."""
+
+    name = "experts"
+
+    def __init__(self, host: Host, config: ExpertsSection, *, providers: Providers):
+        self.host = host
+        self.config = config
+        self._providers = providers
+        self.served: dict[str, Served] = {}
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self._nursery: trio.Nursery | None = None
+
+    # --- the Service shape ---------------------------------------------------------
+
+    def rpc_methods(self) -> dict:
+        return {"experts.call": self._serve_call, "experts.info": self._serve_info}
+
+    def control_methods(self) -> dict:
+        return control_methods(self)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def status(self) -> dict:
+        return {"serving": len(self.served)}
+
+    def close(self) -> None:
+        self.served.clear()
+
+    # --- serving -------------------------------------------------------------------------
+
+    async def serve(self, expert_id: str, module, *, kind: str = "module", domain: str | None = None,
+                    model: str | None = None, max_batch: int = 32, max_wait_ms: float = 5.0) -> Served:
+        """Serve ``module`` as expert ``expert_id`` until :meth:`unserve` or the node stops,
+        announced in the DHT (a node without DHT peers still answers calls)."""
+        check_expert_id(expert_id)
+        if self._nursery is None:
+            raise RuntimeError("the experts service is not running")
+        if expert_id in self.served:
+            raise ValueError(f"expert {expert_id!r} is served here already")
+        params = sum(p.numel() for p in module.parameters()) if hasattr(module, "parameters") else 0
+        info = {"expert": expert_id, "kind": kind, "domain": domain, "model": model, "params": params,
+                "max_batch": max_batch}
+        served = Served(expert_id, module, kind=kind, info=info, max_batch=max_batch, max_wait=max_wait_ms / 1000,
+                        max_queue=self.config.max_queue, max_queue_per_peer=self.config.max_queue_per_peer)
+        self.served[expert_id] = served
+        scope = self._scopes[expert_id] = trio.CancelScope()
+
+        async def keep() -> None:
+            with scope:
+                await served.run()
+
+        self._nursery.start_soon(keep)
+        try:
+            await self._providers.provide(PROVIDER_PREFIX + expert_id.encode())
+        except DhtError as exc:
+            log.info("expert %s: not announced yet (%s); the DHT retries", expert_id, exc)
+        return served
+
+    def unserve(self, expert_id: str) -> None:
+        """Stop serving ``expert_id`` (callers find its other servers)."""
+        if self.served.pop(expert_id, None) is not None:
+            self._scopes.pop(expert_id).cancel()
+            self._providers.unprovide(PROVIDER_PREFIX + expert_id.encode())
+
+    def _served(self, arg: object) -> Served:
+        expert_id = field(arg, "expert", str)
+        served = self.served.get(expert_id)
+        if served is None:
+            raise NotFound(f"expert {expert_id!r:.60} is not served here")
+        return served
+
+    async def _serve_call(self, arg, ctx) -> dict:
+        served = self._served(arg)
+        op = field(arg, "op", str)
+        config = self.config
+        inputs = from_wire(field(arg, "inputs", list), max_tensors=config.max_tensors,
+                           max_bytes=config.max_request_bytes)
+        peer = ctx.peer.key if isinstance(ctx.peer, PeerId) else b""
+        outputs, batch = await served.call(peer, op, inputs, timeout=config.call_timeout)
+        return {"outputs": to_wire(outputs), "batch": batch}
+
+    async def _serve_info(self, arg, ctx) -> dict:
+        served = self._served(arg)
+        return {**served.info, "load": served.load()}
+
+    # --- calling ---------------------------------------------------------------------------
+
+    async def servers(self, expert_id: str, count: int = 20) -> list[PeerId]:
+        """The peers that announce ``expert_id`` (this node first if it serves it)."""
+        check_expert_id(expert_id)
+        found = [PeerId(self.host.peer_id.key)] if expert_id in self.served else []
+        try:
+            contacts = await self._providers.find_providers(PROVIDER_PREFIX + expert_id.encode(), count)
+        except DhtError as exc:
+            log.debug("expert %s: provider lookup failed: %s", expert_id, exc)
+            contacts = []
+        found += [PeerId(c.public_key) for c in contacts if c.public_key != self.host.peer_id.key]
+        return found
+
+    async def call(self, peer: PeerId, expert_id: str, op: str, inputs: list, *,
+                   timeout: float | None = None) -> tuple[list, int]:
+        """``peer``'s answer for ``inputs`` to expert ``expert_id`` (op ``op``):
+        the output tensors and the rows of the batch they ran in.  Raises the
+        peer's RpcError (NotFound: it does not serve that expert), or
+        trio.TooSlowError past ``timeout`` (default ``call_timeout``)."""
+        timeout = self.config.call_timeout if timeout is None else timeout
+        if peer.key == self.host.peer_id.key:
+            served = self.served.get(expert_id)
+            if served is None:
+                raise NotFound(f"expert {expert_id!r} is not served here")
+            with trio.fail_after(timeout):
+                return await served.call(peer.key, op, list(inputs), timeout=timeout)
+        with trio.fail_after(timeout):
+            reply = await self.host.rpc.call(peer, "experts.call",
+                                             {"expert": expert_id, "op": op, "inputs": to_wire(inputs)},
+                                             timeout=timeout)
+        outputs = from_wire(field(reply, "outputs", list), max_tensors=self.config.max_tensors,
+                            max_bytes=self.config.max_request_bytes)
+        batch = reply.get("batch") if isinstance(reply, dict) else None
+        if type(batch) is not int:
+            raise InvalidArgument("a reply names the rows of its batch")
+        return outputs, batch
+
+    async def info(self, peer: PeerId, expert_id: str, *, timeout: float = 5.0) -> dict:
+        """What ``peer`` says of expert ``expert_id`` (kind, domain, params, model, load)."""
+        if peer.key == self.host.peer_id.key:
+            return await self._serve_info({"expert": expert_id}, None)
+        reply = await self.host.rpc.call(peer, "experts.info", {"expert": expert_id}, timeout=timeout)
+        if not isinstance(reply, dict):
+            raise InvalidArgument("an expert's info is a map")
+        return reply
+

@@ -1,0 +1,243 @@
+"""Experts served by in-process meshd nodes and called over real QUIC on loopback.
+
+A served module answers remote calls with the values it gives in process,
+batching concurrent calls; bad calls get clear errors and cost nothing
+else; a caller hedges a slow server and fails over from a gone one; the
+HDEE and DDM ensembles over the mesh give what the same mixing gives in one
+process, and leave out an expert that dies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import AsyncExitStack
+
+import pytest
+import torch
+import trio
+
+import meshd
+import meshd.experts as mx
+from experts import ddm, hdee
+from meshd import Config
+from meshd.rpc import InvalidArgument, NotFound, ResourceExhausted, RpcError
+
+
+async def open_nodes(stack: AsyncExitStack, tmp_path, count: int, config: Config | None = None) -> list:
+    first = await stack.enter_async_context(meshd.open_node(tmp_path / "n0", listen="127.0.0.1:0", config=config))
+    rest = []
+    for i in range(1, count):
+        node = await stack.enter_async_context(meshd.open_node(
+            tmp_path / f"n{i}", listen="127.0.0.1:0", bootstrap=[str(first.address)], config=config))
+        await node.connect(first.address)
+        rest.append(node)
+    return [first, *rest]
+
+
+class Counting(torch.nn.Module):
+    """A linear layer that counts its forward calls (and can be made slow or broken)."""
+
+    def __init__(self, seed: int = 0, delay: float = 0.0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = torch.nn.Linear(4, 3)
+        self.forwards, self.delay, self.broken = 0, delay, False
+        self.started = threading.Event()
+
+    def forward(self, x):
+        self.forwards += 1
+        self.started.set()
+        if self.broken:
+            raise RuntimeError("the module broke")
+        if self.delay:
+            time.sleep(self.delay)  # in the serving worker thread
+        return self.linear(x)
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, seed: int, vocab: int = 11):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb, self.head = torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, vocab)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids).cumsum(dim=1)))
+
+
+async def test_a_remote_expert_answers_as_the_module_does_and_batches_concurrent_calls(tmp_path):
+    async with AsyncExitStack() as stack:
+        a, b = await open_nodes(stack, tmp_path, 2)
+        module = Counting()
+        await mx.serve(a, module, expert_id="lin", max_batch=8, max_wait_ms=200)
+        expert = mx.RemoteExpert(b, "lin")
+        x = torch.randn(16, 4)
+        answers = [None] * 16
+        async with trio.open_nursery() as nursery:
+            for i in range(16):
+                async def one(i=i):
+                    answers[i] = await expert.call(x[i:i + 1])
+                nursery.start_soon(one)
+        got = torch.cat([ans.outputs[0] for ans in answers])
+        assert torch.allclose(got, module.linear(x).detach(), atol=1e-6)
+        assert module.forwards < 16 and max(ans.batch for ans in answers) > 1  # calls shared batches
+        served = a.service("experts").served["lin"]
+        assert served.batches == module.forwards and served.rows == 16 and served.calls == 16
+
+
+async def test_bad_calls_get_clear_errors_and_the_expert_serves_on(tmp_path):
+    async with AsyncExitStack() as stack:
+        a, b = await open_nodes(stack, tmp_path, 2)
+        module = Counting()
+        await mx.serve(a, module, expert_id="lin", max_wait_ms=0)
+        good = {"dtype": "float32", "shape": [1, 4], "data": bytes(16)}
+        bad = [({"expert": "lin", "op": "forward", "inputs": [{**good, "data": bytes(15)}]}, InvalidArgument, "bytes"),
+               ({"expert": "lin", "op": "forward", "inputs": [{**good, "dtype": "complex"}]}, InvalidArgument, "dtype"),
+               ({"expert": "lin", "op": "forward", "inputs": [good] * 17}, InvalidArgument, "1 to 16"),
+               ({"expert": "lin", "op": "score", "inputs": [good]}, InvalidArgument, "forward"),
+               ({"expert": "nope", "op": "forward", "inputs": [good]}, NotFound, "not served")]
+        for arg, error, words in bad:
+            with pytest.raises(error, match=words):
+                await b.rpc.call(a.peer_id, "experts.call", arg)
+        module.broken = True
+        with pytest.raises(RpcError, match="the module broke"):
+            await b.rpc.call(a.peer_id, "experts.call", {"expert": "lin", "op": "forward", "inputs": [good]})
+        module.broken = False
+        reply = await b.rpc.call(a.peer_id, "experts.call", {"expert": "lin", "op": "forward", "inputs": [good]})
+        assert reply["batch"] == 1 and reply["outputs"][0]["shape"] == [1, 3]
+
+
+async def test_a_full_queue_refuses_new_calls(tmp_path):
+    config = Config()
+    config.experts.max_queue = 2
+    async with AsyncExitStack() as stack:
+        a, b = await open_nodes(stack, tmp_path, 2, config)
+        module = Counting(delay=0.5)
+        await mx.serve(a, module, expert_id="slow", max_batch=1, max_wait_ms=0)
+        x = torch.randn(1, 4)
+        outcomes = []
+
+        async def one():
+            try:
+                await b.service("experts").call(a.peer_id, "slow", "forward", [x], timeout=10)
+                outcomes.append("ok")
+            except ResourceExhausted:
+                outcomes.append("busy")
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(one)
+                await trio.sleep(0)
+        assert sorted(outcomes) == ["busy", "ok", "ok"]
+        assert a.service("experts").served["slow"].refused == 1
+
+
+async def test_a_slow_server_is_hedged_and_a_gone_one_failed_over(tmp_path):
+    async with AsyncExitStack() as stack:
+        a, b, c = await open_nodes(stack, tmp_path, 3)
+        slow, fast = Counting(delay=2.0), Counting()
+        await mx.serve(a, slow, expert_id="lin", max_wait_ms=0)
+        await mx.serve(b, fast, expert_id="lin", max_wait_ms=0)
+        expert = mx.RemoteExpert(c, "lin", timeout=10)
+        assert {p.key for p in await expert.servers()} == {a.peer_id.key, b.peer_id.key}
+        expert.stats.observe(a.peer_id, 0.001, True, trio.current_time())  # a looks fastest: asked first
+        expert.stats.observe(b.peer_id, 0.050, True, trio.current_time())
+        x = torch.randn(2, 4)
+        with trio.fail_after(1.5):  # well before the slow server's 2 s
+            answer = await expert.call(x)
+        assert answer.peer == b.peer_id and answer.asked == 2
+        assert torch.allclose(answer.outputs[0], fast.linear(x).detach())
+        a.service("experts").unserve("lin")  # gone: a answers NOT_FOUND now
+        expert.stats.observe(a.peer_id, 0.001, True, trio.current_time())
+        expert.hedge = False
+        answer = await expert.call(x)
+        assert answer.peer == b.peer_id and answer.asked == 2
+
+
+async def test_hdee_over_the_mesh_is_the_mixture_in_one_process_and_drops_a_dead_expert(tmp_path):
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 3)
+        lms = {"code": TinyLM(1), "legal": TinyLM(2)}
+        for node, (name, lm) in zip(nodes, lms.items()):
+            await mx.serve(node, lm, expert_id=name, kind="lm", domain=name)
+        ids = torch.tensor([1, 5, 2, 7, 7, 3, 9, 0, 4])
+        with torch.no_grad():
+            logp = torch.stack([torch.log_softmax(lm(ids[None]), -1)[0, :-1].gather(-1, ids[1:, None])[:, 0]
+                                for lm in lms.values()])
+        prior = {"code": 0.25, "legal": 0.75}
+        ens = mx.HDEEEnsemble(nodes[2], list(lms), prior=prior)
+        scored = await ens.score(ids)
+        want, _ = hdee.posterior_mixture(logp.double(), torch.tensor([0.25, 0.75]).log().double())
+        assert scored.answered == ["code", "legal"] and not scored.dropped
+        assert (scored.logp.double() - want).abs().max() <= 1e-6
+        next_logp, _ = await ens.next_token_logprobs(ids)
+        assert next_logp.shape == (11,) and abs(float(next_logp.exp().sum()) - 1) < 1e-5
+        nodes[1].service("experts").unserve("legal")
+        scored = await ens.score(ids)
+        assert scored.answered == ["code"] and "legal" in scored.dropped
+        assert torch.allclose(scored.logp, logp[0], atol=1e-6) and ens.weights == {"code": 1.0}
+
+
+class Flow(torch.nn.Module):
+    """v(x, t) pulling toward its own centre (an exact, checkable velocity field)."""
+
+    def __init__(self, centre):
+        super().__init__()
+        self.centre = torch.tensor(centre)
+
+    def forward(self, x, t):
+        return (self.centre - x) / (1.0 - t[:, None] + 0.05)
+
+
+class Router(torch.nn.Module):
+    """Logits: minus the distance to each expert's centre."""
+
+    def __init__(self, centres):
+        super().__init__()
+        self.centres = torch.tensor(centres)
+
+    def forward(self, x, t):
+        return -torch.cdist(x, self.centres)
+
+
+@pytest.mark.parametrize("mode", ["full", "topk", "top1", "uniform"])
+async def test_ddm_over_the_mesh_is_the_local_sampler_and_calls_only_whom_it_routes_to(tmp_path, mode):
+    centres = [[2.0, 0.0], [-2.0, 0.0], [0.0, 2.0]]
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 2)
+        flows = [Flow(c) for c in centres]
+        for i, flow in enumerate(flows):
+            await mx.serve(nodes[i % 2], flow, expert_id=f"c{i}", kind="flow")
+        await mx.serve(nodes[0], Router(centres), expert_id="router", kind="router")
+        ens = mx.DDMEnsemble(nodes[1], [f"c{i}" for i in range(3)], "router" if mode != "uniform" else None,
+                             mode=mode, top_k=2)
+        out = await ens.sample(32, 2, steps=8, seed=3)
+        x = torch.randn(32, 2, generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            for t in ddm.euler_times(8):
+                times = torch.full((32,), t)
+                w = ddm.route(Router(centres)(x, times).double() if mode != "uniform" else torch.zeros(32, 3),
+                              "full" if mode == "uniform" else mode, 2)
+                v, _ = ddm.combine(w, {i: f(x, times) for i, f in enumerate(flows)})
+                x = ddm.euler_step(x, v, 1 / 8)
+        assert torch.allclose(out.x, x, atol=1e-5) and not out.dropped
+        per_step = {"full": 3, "topk": 2, "top1": 1, "uniform": 3}[mode]
+        assert sum(out.rows.values()) == 8 * 32 * per_step  # each sample went only to the experts it weighs
+
+
+async def test_ddm_sampling_goes_on_without_an_expert_that_dies(tmp_path):
+    centres = [[2.0, 0.0], [-2.0, 0.0]]
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 3)
+        await mx.serve(nodes[0], Flow(centres[0]), expert_id="c0", kind="flow")
+        await mx.serve(nodes[1], Flow(centres[1]), expert_id="c1", kind="flow")
+        await mx.serve(nodes[0], Router(centres), expert_id="router", kind="router")
+        ens = mx.DDMEnsemble(nodes[2], ["c0", "c1"], "router", mode="top1")
+        sampled = mx.Sampled(torch.zeros(0), {}, {})
+        x = torch.randn(16, 2, generator=torch.Generator().manual_seed(0))
+        await ens.velocity(x, 0.0, sampled)
+        nodes[1].service("experts").unserve("c1")
+        v = await ens.velocity(x, 0.5, sampled)
+        assert "c1" in sampled.dropped and torch.isfinite(v).all()
+        want = Flow(centres[0])(x, torch.full((16,), 0.5))
+        assert torch.allclose(v, want, atol=1e-6)  # every sample re-routed to c0
