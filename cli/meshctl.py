@@ -15,7 +15,7 @@ import trio
 
 import meshd
 
-from .commands import crdt, dht, learning, nat, node, shards
+from .commands import crdt, dht, experts, learning, nat, node, shards
 from .common import data_dir_argument, fail
 
 
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = options(argparse.ArgumentParser(prog="meshctl", description="control a running meshd"),
                      suppress=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    for commands in (node, nat, dht, crdt, shards, learning):
+    for commands in (node, nat, dht, crdt, shards, learning, experts):
         commands.add_parser(sub, common)
     return parser
 

@@ -7,7 +7,7 @@
 
 :class:`Client` gathers one set of methods per capability, each in the module
 of the same name as the service it calls (``nat``, ``dht``, ``crdt``,
-``shards``, ``learning``) plus the node core's (``node``).  It imports no service and not
+``shards``, ``learning``, ``experts``) plus the node core's (``node``).  It imports no service and not
 the node: only the control socket's location and the RPC frames.
 """
 
@@ -21,13 +21,14 @@ from ..control.socket import socket_path
 from .base import ControlClient, DaemonNotRunning
 from .crdt import CrdtMethods, RemoteDocument, split_path
 from .dht import DhtMethods
+from .experts import ExpertsMethods
 from .learning import LearningMethods
 from .nat import NatMethods
 from .node import NodeMethods
 from .shards import ShardsMethods
 
 
-class Client(NodeMethods, NatMethods, DhtMethods, CrdtMethods, ShardsMethods, LearningMethods):
+class Client(NodeMethods, NatMethods, DhtMethods, CrdtMethods, ShardsMethods, LearningMethods, ExpertsMethods):
     """Talks to a running daemon.  Get one with :func:`connect`; every method
     is one control call (see each capability's module for what they promise)."""
 
