@@ -1,8 +1,9 @@
 """One expert this node serves: calls queued, batched, and run one batch at a time.
 
 Calls whose inputs agree in everything but their first dimension (the rows)
-are concatenated into one batch (:class:`experts.batching.Batcher`: at most
-``max_batch`` rows, or what has waited ``max_wait`` seconds), run through the
+are concatenated into one batch (:class:`experts.batching.Batcher`: when the
+module is free, as many as fit in ``max_batch`` rows, once that many wait or
+the oldest has waited ``max_wait`` seconds), run through the
 module in a worker thread under ``torch.no_grad`` (so the node keeps
 answering while the module computes), and the outputs are split back by
 rows.  A queue past its limits refuses new calls (RESOURCE_EXHAUSTED: the
@@ -23,7 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 import trio
@@ -64,7 +65,6 @@ class Served:
         self._batchers: dict[tuple, Batcher] = {}  # per input signature
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count()
-        self._ready: deque[list[int]] = deque()
         self._wake = trio.Event()
         self._per_peer: Counter = Counter()
         self.calls = self.batches = self.rows = self.refused = self.failed = 0
@@ -96,7 +96,7 @@ class Served:
         batcher = self._batchers.get(signature)
         if batcher is None:
             batcher = self._batchers[signature] = Batcher(self.max_batch, self.max_wait)
-        self._ready.extend(batcher.add(key, rows.pop(), trio.current_time()))
+        batcher.add(key, rows.pop(), trio.current_time())
         self._wake.set()
         try:
             with trio.fail_after(timeout):
@@ -117,13 +117,12 @@ class Served:
                 del self._per_peer[call.peer]
 
     async def run(self) -> None:
-        """Run batches as they fill or fall due, one at a time, until cancelled."""
+        """Run batches as they fill or fall due, one at a time (the oldest call's first), until cancelled."""
         while True:
             now = trio.current_time()
-            for batcher in self._batchers.values():
-                self._ready.extend(batcher.due(now))
-            if self._ready:
-                await self._run(self._ready.popleft())
+            ready = [b for b in self._batchers.values() if b.ready(now)]
+            if ready:
+                await self._run(min(ready, key=lambda b: b.oldest()).take(now))
                 continue
             deadlines = [d for d in (b.deadline() for b in self._batchers.values()) if d is not None]
             with trio.move_on_at(min(deadlines, default=math.inf)):

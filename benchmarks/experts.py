@@ -1,0 +1,193 @@
+"""Expert ensembles on the mesh: serving throughput, DDM sampling quality, faults, HDEE.
+
+    .venv/bin/python benchmarks/experts.py [--quick] [--skip serving,ddm,faults,hdee] [--json FILE]
+
+Every expert is served by its own meshd node (in this process, real QUIC over
+127.0.0.1, the service's defaults); callers are another node.  One table per
+part, each with its comparison from the same run:
+
+* **serving**: one MLP expert (2048-8192-2048) under ``--callers`` concurrent
+  callers sending one row per call for ``--seconds``, with batching on
+  (max_batch 64, max_wait 2 ms) and off (max_batch 1): rows/s and p50/p99
+  call latency, beside the same module called in this process at batch 64
+  and batch 1 (the ceiling); then 4 such experts on 4 nodes, each request
+  asking all 4 at once (an ensemble's fan-out).
+* **ddm**: a 2-D mixture of 16 Gaussians on a 4x4 grid; k-means into K = 4
+  clusters; one flow-matching expert per cluster on its own node and an MLP
+  router r(k | x_t, t) on a fifth; samples by ``DDMEnsemble`` in modes full,
+  top2, top1 and uniform, beside a monolith with the experts' total
+  parameters trained for their total steps (in process), and the floor
+  (MMD between two held-out draws of the data).  MMD² to held-out data
+  (``experts_kit.mmd``), and the expert rows each mode evaluated.
+* **faults**: DDM sampling (top2) where one expert's node stops halfway:
+  the run completes, says which expert it dropped, and its MMD.
+* **hdee**: character-level LMs per text domain (experts_kit): see the part.
+
+Targets (issue 13): batching >= 3x the unbatched rate; DDM full within 3x the
+floor and >= 5x better than the monolith, every routed mode >= 10x better than
+uniform, top-2 at most half the expert evaluations of full.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:1] = [str(REPO)]  # the repo, not this folder (benchmarks/nat.py shadows nat)
+
+import torch  # noqa: E402
+import trio  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+import meshd  # noqa: E402
+import meshd.experts as mx  # noqa: E402
+from benchmarks.parts import log, run_parts, save_json, stop_on_sigterm  # noqa: E402
+
+
+async def open_nodes(stack: AsyncExitStack, root: Path, count: int) -> list:
+    """``count`` nodes on 127.0.0.1, bootstrapped from the first."""
+    first = await stack.enter_async_context(meshd.open_node(root / "n0", listen="127.0.0.1:0"))
+    nodes = [first]
+    for i in range(1, count):
+        node = await stack.enter_async_context(meshd.open_node(root / f"n{i}", listen="127.0.0.1:0",
+                                                               bootstrap=[str(first.address)]))
+        await node.connect(first.address)
+        nodes.append(node)
+    return nodes
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+# --- serving ----------------------------------------------------------------------------------------
+
+
+WIDTH = 2048  # the serving expert: WIDTH -> 4 WIDTH -> WIDTH, 33.6 M parameters (per-row compute above the RPC cost)
+
+
+def mlp(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.ReLU(), torch.nn.Linear(4 * WIDTH, WIDTH))
+
+
+def in_process_rate(module, batch: int, seconds: float) -> float:
+    """Rows per second through ``module`` at ``batch`` rows a call, in this thread."""
+    x, rows, start = torch.randn(batch, WIDTH), 0, time.perf_counter()
+    with torch.no_grad():
+        while time.perf_counter() - start < seconds:
+            module(x)
+            rows += batch
+    return rows / (time.perf_counter() - start)
+
+
+async def load(experts: list, callers: int, seconds: float) -> tuple[float, list[float], list[int]]:
+    """``callers`` tasks, each calling every one of ``experts`` at once with one row, again and again
+    for ``seconds``: (requests per second, latencies, batch sizes seen)."""
+    latencies, batches = [], []
+    deadline = trio.current_time() + seconds
+
+    async def caller(seed: int) -> None:
+        x = torch.randn(1, WIDTH, generator=torch.Generator().manual_seed(seed))
+        while trio.current_time() < deadline:
+            started = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                for expert in experts:
+                    async def one(expert=expert):
+                        batches.append((await expert.call(x)).batch)
+                    nursery.start_soon(one)
+            latencies.append(trio.current_time() - started)
+
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for i in range(callers):
+            nursery.start_soon(caller, i)
+    return len(latencies) / (trio.current_time() - started), latencies, batches
+
+
+async def serving(args, root: Path) -> list[dict]:
+    torch.set_num_threads(1)
+    module, rows = mlp(0), []
+    for batch in (64, 1):
+        rate = in_process_rate(module, batch, args.seconds / 2)
+        rows.append({"part": "serving", "what": f"in process, batch {batch} (ceiling)", "rows/s": rate})
+    results = {}
+    for name, max_batch in (("batching on", 64), ("batching off", 1)):
+        async with AsyncExitStack() as stack:
+            server, client = await open_nodes(stack, root / name.replace(" ", "-"), 2)
+            await mx.serve(server, module, expert_id="mlp", max_batch=max_batch, max_wait_ms=2)
+            expert = mx.RemoteExpert(client, "mlp")
+            await expert.call(torch.randn(1, WIDTH))  # lookup and connection, unmeasured
+            rate, lat, batches = await load([expert], args.callers, args.seconds)
+        results[name] = rate
+        rows.append({"part": "serving", "what": f"1 expert, {args.callers} callers, {name}", "rows/s": rate,
+                     "p50 ms": 1000 * pct(lat, 0.5), "p99 ms": 1000 * pct(lat, 0.99),
+                     "detail": f"mean batch {statistics.mean(batches):.1f} rows"})
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, root / "ensemble", 5)
+        for i, node in enumerate(nodes[:4]):
+            await mx.serve(node, mlp(i), expert_id=f"e{i}", max_batch=64, max_wait_ms=2)
+        experts = [mx.RemoteExpert(nodes[4], f"e{i}") for i in range(4)]
+        for expert in experts:
+            await expert.call(torch.randn(1, WIDTH))
+        rate, lat, batches = await load(experts, args.callers, args.seconds)
+    rows.append({"part": "serving", "what": f"4 experts on 4 nodes, {args.callers} callers asking all 4",
+                 "rows/s": rate, "p50 ms": 1000 * pct(lat, 0.5), "p99 ms": 1000 * pct(lat, 0.99),
+                 "detail": f"requests/s of the 4-way fan-out; mean batch {statistics.mean(batches):.1f}"})
+    ratio = results["batching on"] / results["batching off"]
+    rows.append({"part": "serving", "what": "batching on / off", "rows/s": None,
+                 "detail": f"{ratio:.1f}x (target >= 3x: {'met' if ratio >= 3 else 'MISSED'})"})
+    return rows
+
+
+# --- the table --------------------------------------------------------------------------------------
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 10 else f"{value:,.0f}"
+    return str(value)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the script)")
+    parser.add_argument("--skip", default="", help="comma list of parts: serving,ddm,faults,hdee")
+    parser.add_argument("--callers", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds = 2.0
+    stop_on_sigterm()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="meshd-experts-") as tmp:
+        root = Path(tmp)
+        parts = [("serving", lambda: trio.run(serving, args, root))]
+        rows, rc = run_parts(parts, args.skip, lambda name, msg: {"part": name, "what": "FAILED", "detail": msg},
+                             {"part": "-", "what": "interrupted"})
+    columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "detail"]
+    table = Table(title=f"Experts on the mesh, 127.0.0.1, {torch.get_num_threads()} torch thread(s) "
+                        f"(run took {time.perf_counter() - started:.0f} s)", title_justify="left")
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(fmt(row.get(c)) for c in columns))
+    Console(width=200).print(table)
+    save_json(args.json, {"args": vars(args), "rows": rows})
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
