@@ -149,6 +149,113 @@ async def serving(args, root: Path) -> list[dict]:
     return rows
 
 
+# --- DDM on the 4x4 grid, and an expert dying mid-sampling -------------------------------------------
+
+MODES = (("full", "full", 2), ("top2", "topk", 2), ("top1", "top1", 1), ("uniform", "uniform", 2))
+
+
+def ddm_models(args) -> dict:
+    """The data, 4 cluster experts, the router and the monolith, trained in this process."""
+    from meshd.testing import experts_kit as kit
+
+    train, held, held2 = (kit.grid_gaussians(n, seed=s) for n, s in ((8000, 0), (args.samples, 1), (args.samples, 2)))
+    assign, _ = kit.kmeans(train, 4, seed=0)
+    started = time.perf_counter()
+    experts = []
+    for k in range(4):
+        expert = kit.VelocityMLP(2, seed=k)
+        kit.train_flow(expert, train[assign == k], args.ddm_steps, seed=k)
+        experts.append(expert.eval())
+    router = kit.RouterMLP(2, 4, seed=9)
+    kit.train_router(router, train, assign, args.ddm_steps, seed=9)
+    monolith = kit.VelocityMLP(2, width=512, seed=7)  # ~4x an expert's parameters
+    kit.train_flow(monolith, train, 4 * args.ddm_steps, seed=7)
+    log(f"[ddm] trained 4 experts, the router and the monolith in {time.perf_counter() - started:.0f} s")
+    return {"held": held, "floor": kit.mmd(held2, held), "experts": experts, "router": router.eval(),
+            "monolith": monolith.eval(), "params": (kit.param_count(experts[0]), kit.param_count(monolith))}
+
+
+async def serve_ddm(stack: AsyncExitStack, root: Path, models: dict) -> list:
+    """Six nodes: the 4 experts and the router each on its own, and a caller (the last)."""
+    nodes = await open_nodes(stack, root, 6)
+    for k, expert in enumerate(models["experts"]):
+        await mx.serve(nodes[k], expert, expert_id=f"c{k}", kind="flow", domain=f"cluster {k}")
+    await mx.serve(nodes[4], models["router"], expert_id="router", kind="router")
+    return nodes
+
+
+async def ddm(args, root: Path, models: dict) -> list[dict]:
+    from meshd.testing import experts_kit as kit
+
+    torch.set_num_threads(1)
+    rows, floor = [], models["floor"]
+    with torch.no_grad():
+        mono = kit.mmd(kit.sample_flow(models["monolith"], args.samples, 2, args.ddm_sample_steps, seed=5),
+                       models["held"])
+    rows.append({"part": "ddm", "what": "floor: data vs data", "mmd2": floor})
+    rows.append({"part": "ddm", "what": f"monolith ({models['params'][1]:,} params, {4 * args.ddm_steps} steps)",
+                 "mmd2": mono})
+    scores = {}
+    async with AsyncExitStack() as stack:
+        nodes = await serve_ddm(stack, root / "ddm", models)
+        for name, mode, k in MODES:
+            ens = mx.DDMEnsemble(nodes[5], [f"c{i}" for i in range(4)], "router" if mode != "uniform" else None,
+                                 mode=mode, top_k=k)
+            started = time.perf_counter()
+            out = await ens.sample(args.samples, 2, steps=args.ddm_sample_steps, seed=5)
+            scores[name] = kit.mmd(out.x, models["held"])
+            rows.append({"part": "ddm", "what": f"DDM {name} over the mesh (4 x {models['params'][0]:,} params)",
+                         "mmd2": scores[name], "evals": sum(out.rows.values()),
+                         "detail": f"{time.perf_counter() - started:.1f} s; calls {sum(out.calls.values())}"
+                                   + (f"; DROPPED {out.dropped}" if out.dropped else "")})
+    evals = {r["what"].split()[1]: r["evals"] for r in rows if r.get("evals")}
+    checks = [f"full {scores['full'] / max(floor, 1e-9):.1f}x the floor (target <= 3x)",
+              f"monolith / full {mono / scores['full']:.1f}x (target >= 5x)",
+              *(f"uniform / {m} {scores['uniform'] / scores[m]:.1f}x (target >= 10x)" for m in ("full", "top2", "top1")),
+              f"top2 evals / full {evals['top2'] / evals['full']:.2f} (target <= 0.5)"]
+    rows.append({"part": "ddm", "what": "targets", "detail": "; ".join(checks)})
+    return rows
+
+
+async def run_node(path: Path, bootstrap: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A node that lives until its cancel scope (handed out with it) is cancelled: a node to kill."""
+    with trio.CancelScope() as scope:
+        async with meshd.open_node(path, listen="127.0.0.1:0", bootstrap=[bootstrap]) as node:
+            await node.connect(bootstrap)
+            task_status.started((node, scope))
+            await trio.sleep_forever()
+
+
+async def faults(args, root: Path, models: dict) -> list[dict]:
+    """top2 sampling where the node serving expert c1 stops halfway through."""
+    from experts import ddm as math_
+    from meshd.testing import experts_kit as kit
+
+    torch.set_num_threads(1)
+    steps = args.ddm_sample_steps
+    async with AsyncExitStack() as stack:
+        nodes = await serve_ddm(stack, root / "faults", models)
+        nodes[1].service("experts").unserve("c1")  # c1 moves to a node that will die
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        victim, scope = await nursery.start(run_node, root / "faults" / "victim", str(nodes[0].address))
+        await mx.serve(victim, models["experts"][1], expert_id="c1", kind="flow")
+        ens = mx.DDMEnsemble(nodes[5], [f"c{i}" for i in range(4)], "router", mode="topk", top_k=2)
+        sampled = mx.Sampled(torch.zeros(0), {}, {})
+        x = torch.randn(args.samples, 2, generator=torch.Generator().manual_seed(5))
+        started = time.perf_counter()
+        for i, t in enumerate(math_.euler_times(steps)):
+            if i == steps // 2:
+                scope.cancel()  # the victim node stops: its connections close
+                await trio.sleep(0)
+            x = math_.euler_step(x, await ens.velocity(x, t, sampled), 1 / steps)
+        nursery.cancel_scope.cancel()
+    why = next(iter(sampled.dropped.values()), "-")
+    return [{"part": "faults", "what": f"DDM top2, expert c1's node stopped at step {steps // 2} of {steps}",
+             "mmd2": kit.mmd(x, models["held"]), "evals": sum(sampled.rows.values()),
+             "detail": f"completed in {time.perf_counter() - started:.1f} s; dropped {sorted(sampled.dropped)} "
+                       f"({why[:80]})"}]
+
+
 # --- the table --------------------------------------------------------------------------------------
 
 
@@ -156,7 +263,7 @@ def fmt(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 10 else f"{value:,.0f}"
+        return f"{value:.4g}" if abs(value) < 10 else f"{value:,.0f}"
     return str(value)
 
 
@@ -166,18 +273,31 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="comma list of parts: serving,ddm,faults,hdee")
     parser.add_argument("--callers", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--samples", type=int, default=2000, help="DDM samples per mode (and held-out points)")
+    parser.add_argument("--ddm-steps", type=int, default=800, help="training steps per DDM expert and the router")
+    parser.add_argument("--ddm-sample-steps", type=int, default=50, help="Euler steps per sample")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     if args.quick:
-        args.seconds = 2.0
+        args.seconds, args.samples, args.ddm_steps, args.ddm_sample_steps = 2.0, 600, 200, 20
     stop_on_sigterm()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="meshd-experts-") as tmp:
         root = Path(tmp)
-        parts = [("serving", lambda: trio.run(serving, args, root))]
+        models: dict = {}
+
+        def with_models(part):
+            def run():
+                if not models:
+                    models.update(ddm_models(args))
+                return trio.run(part, args, root, models)
+            return run
+
+        parts = [("serving", lambda: trio.run(serving, args, root)), ("ddm", with_models(ddm)),
+                 ("faults", with_models(faults))]
         rows, rc = run_parts(parts, args.skip, lambda name, msg: {"part": name, "what": "FAILED", "detail": msg},
                              {"part": "-", "what": "interrupted"})
-    columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "detail"]
+    columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "mmd2", "evals", "detail"]
     table = Table(title=f"Experts on the mesh, 127.0.0.1, {torch.get_num_threads()} torch thread(s) "
                         f"(run took {time.perf_counter() - started:.0f} s)", title_justify="left")
     for col in columns:

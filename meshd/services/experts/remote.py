@@ -121,5 +121,5 @@ class RemoteExpert:
         if won:
             return won[0]
         self._servers = []  # they all failed: look again next time
-        detail = "; ".join(f"{p.short()}: {why}" for p, why in failures.items()) or "no answer in time"
-        raise ExpertUnavailable(f"expert {self.expert_id!r}: no server answered within {self.timeout} s ({detail})")
+        detail = "; ".join(f"{p.short()}: {why}" for p, why in failures.items()) or f"none within {self.timeout} s"
+        raise ExpertUnavailable(f"expert {self.expert_id!r}: no server answered ({detail})")
