@@ -5,7 +5,10 @@ to each other (meshctl connect), shows `meshctl peers` from each, runs a
 ping round, has all three write to one replicated document, then trains the
 digits MLP with DiLoCo across three training processes (each its own node,
 bootstrapped from node1) and shows that every member ends every outer round
-with the same parameters, and stops the daemons with SIGTERM.
+with the same parameters, then serves a decentralized diffusion ensemble (4
+flow-matching experts and a router, each on its own node, bootstrapped from
+node1) and samples from it, shows `meshctl experts ls --find c0` on node2,
+and stops the daemons with SIGTERM.
 """
 
 import json
@@ -37,6 +40,7 @@ def shared_document(daemons: list[Daemon]) -> None:
 
 
 TRAINER = Path(__file__).resolve().parent / "train_digits.py"
+ENSEMBLE = Path(__file__).resolve().parent / "ensemble.py"
 
 
 def training(daemons: list[Daemon], tmp: str, members: int = 3) -> bool:
@@ -63,6 +67,18 @@ def training(daemons: list[Daemon], tmp: str, members: int = 3) -> bool:
     return agree and all(proc.returncode == 0 for proc in procs)
 
 
+def ensemble(daemons: list[Daemon], tmp: str) -> bool:
+    """examples/ensemble.py against node1; while its experts are up, node2 looks c0 up.  True if it ran."""
+    print("\nDDM ensemble: 4 flow-matching experts and a router, each on its own node, one sampler")
+    proc = subprocess.Popen([sys.executable, str(ENSEMBLE), "--bootstrap", str(daemons[0].address),
+                             "--data-dir", str(Path(tmp, "ensemble"))], stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        if line.startswith("floor"):  # the experts are served: ask a daemon about one
+            show("meshctl experts ls --find c0   # on node2", daemons[1].meshctl_raw("experts", "ls", "--find", "c0"))
+    return proc.wait(timeout=180) == 0
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="meshd-demo-") as tmp:
         daemons: list[Daemon] = []
@@ -87,7 +103,7 @@ def main() -> int:
                         r = a.meshctl("ping", b.peer_id, "-c", "3")
                         print(f"  {a.data_dir.name} -> {b.data_dir.name}: median {r['median_ms']:.3f} ms")
             shared_document(daemons)
-            trained = training(daemons, tmp)
+            trained = training(daemons, tmp) and ensemble(daemons, tmp)
         finally:
             codes = [d.stop() for d in daemons]
             print(f"\nstopped {len(codes)} daemons, exit codes {codes}")

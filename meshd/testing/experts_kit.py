@@ -603,3 +603,28 @@ def coverage(labels: torch.Tensor, classes: int = 10) -> dict[int, float]:
     counts = torch.bincount(labels.flatten().long(), minlength=classes)[:classes]
     total = max(len(labels.flatten()), 1)
     return {c: float(counts[c]) / total for c in range(classes)}
+
+
+def train_ddm(steps: int, samples: int, *, clusters: int = 4, monolith: bool = False) -> dict:
+    """The DDM setup on the 4 × 4 grid, trained in this process (seeded): 8000 training
+    points cut by k-means into ``clusters``, one :class:`VelocityMLP` per cluster and a
+    :class:`RouterMLP`, ``steps`` steps each; with ``monolith``, one VelocityMLP of width
+    512 (about 4 experts' parameters) trained ``clusters × steps`` steps on all of it.
+    Returns ``held`` (``samples`` held-out points), ``floor`` (MMD² between two held-out
+    draws), ``experts``, ``router``, ``monolith`` (or None) and ``params`` (expert, monolith)."""
+    train, held, held2 = (grid_gaussians(n, seed=s) for n, s in ((8000, 0), (samples, 1), (samples, 2)))
+    assign, _ = kmeans(train, clusters, seed=0)
+    experts = []
+    for k in range(clusters):
+        expert = VelocityMLP(2, seed=k)
+        train_flow(expert, train[assign == k], steps, seed=k)
+        experts.append(expert.eval())
+    router = RouterMLP(2, clusters, seed=9)
+    train_router(router, train, assign, steps, seed=9)
+    mono = None
+    if monolith:
+        mono = VelocityMLP(2, width=512, seed=7)
+        train_flow(mono, train, clusters * steps, seed=7)
+        mono.eval()
+    return {"held": held, "floor": mmd(held2, held), "experts": experts, "router": router.eval(),
+            "monolith": mono, "params": (param_count(experts[0]), param_count(mono) if mono else None)}

@@ -68,6 +68,7 @@ class Experts:
         self._providers = providers
         self.served: dict[str, Served] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
+        self._addresses: dict[bytes, tuple[str, ...]] = {}  # peer key -> addresses its provider record gave
         self._nursery: trio.Nursery | None = None
 
     # --- the Service shape ---------------------------------------------------------
@@ -158,7 +159,12 @@ class Experts:
         except DhtError as exc:
             log.debug("expert %s: provider lookup failed: %s", expert_id, exc)
             contacts = []
-        found += [PeerId(c.public_key) for c in contacts if c.public_key != self.host.peer_id.key]
+        for contact in contacts:
+            if contact.public_key != self.host.peer_id.key:
+                found.append(PeerId(contact.public_key))
+                self._addresses[contact.public_key] = tuple(contact.addrs)[:8]
+        while len(self._addresses) > 4096:  # bounded: the oldest go first
+            del self._addresses[next(iter(self._addresses))]
         return found
 
     async def call(self, peer: PeerId, expert_id: str, op: str, inputs: list, *,
@@ -175,6 +181,8 @@ class Experts:
             with trio.fail_after(timeout):
                 return await served.call(peer.key, op, list(inputs), timeout=timeout)
         with trio.fail_after(timeout):
+            if self.host.live(peer) is None:  # dial where its provider record says, not by a lookup
+                await self.host.connection(peer, hints=self._addresses.get(peer.key, ()))
             reply = await self.host.rpc.call(peer, "experts.call",
                                              {"expert": expert_id, "op": op, "inputs": to_wire(inputs)},
                                              timeout=timeout)
