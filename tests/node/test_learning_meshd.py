@@ -162,3 +162,22 @@ async def test_a_group_that_stalled_past_its_timeout_finds_itself_again(tmp_path
         time.sleep(3 * groups[0].view.dead_after())  # the whole process stalls: every member looks gone
         assert all(len(group.view.live(trio.current_time())) == 0 for group in groups)
         await _everyone_knows_everyone(nodes)
+
+
+@pytest.mark.parametrize("compression", ["none", "int8"])
+async def test_a_member_off_the_roster_follows_the_round_to_the_same_state(tmp_path, compression):
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 2)
+        models = [_model(seed=i) for i in range(2)]
+        opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05),
+                          group=GROUP, inner_steps=2, compression=compression)
+                for node, model in zip(nodes, models)]
+        await _everyone_knows_everyone(nodes)
+        first = min(opts, key=lambda o: o.group.me)
+        for opt in opts:
+            opt.group._rosters[0] = [first.group.me]  # round 0's roster names one member: the other follows
+        async with trio.open_nursery() as nursery:
+            for i, (opt, model) in enumerate(zip(opts, models)):
+                nursery.start_soon(_train, opt, model, 2, i)
+        assert [r.contributors for opt in opts for r in opt.reports] == [1, 1]
+        assert opts[0].group.hash == opts[1].group.hash is not None

@@ -215,7 +215,7 @@ class DiLoCo:
         avg, sent, missing, used = await group.allreduce(
             (round_, p), q, samples=samples, encode=lambda t: encode(t, self.compression, self.block),
             decode=decode, reduce=reduce, out=q if self.compression == "none" else None)
-        if self.compression != "none":
+        if self.compression != "none":  # keep what the codec lost (a member off the roster sent nothing: zero)
             self._residual[p] = torch.sub(q, sent, out=residual) if residual is not None else q - sent
         gap = sum(hi - lo for lo, hi in missing)
         self.reports.append(SyncReport(round_, p, len(used), gap, sum(group.bytes_out.values()) - before,
@@ -234,7 +234,10 @@ class DiLoCo:
             at += self.theta[n].numel()
         avg = out["avg"]
         delta = {n: avg[lo:hi].view_as(self.theta[n]) for n, (lo, hi) in offsets.items()}
-        self.outer.step(self.theta, delta)  # in place: a state pull under way now fails its digest, and is retried
+        if group.serving["state"]:  # a peer is taking our state: step copies of it, not what it reads
+            self.theta = {n: t.clone() for n, t in self.theta.items()}
+            self.outer.momentum = {n: t.clone() for n, t in self.outer.momentum.items()}
+        self.outer.step(self.theta, delta)  # in place otherwise: no copy of a large model's state per round
         with torch.no_grad():
             for n in names:
                 local = self._params[n]

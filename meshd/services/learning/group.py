@@ -106,6 +106,7 @@ class Group:
         self._heard = trio.Event()  # set (and renewed) by every hello taken in
         self._heard_of: set[bytes] = set()  # named by the DHT or a hello, not heard from yet
         self._offers: dict[str, Offer | Callable[[], Offer]] = {}  # kind -> offer, or what signs it when pulled
+        self.serving: Counter = Counter()  # kind -> pulls of that offer under way (its tensors must not change)
         self._exchanges: dict[tuple, Exchange] = {}  # (round, fragment) -> its all-reduce
         self._rosters: dict[int, list[bytes]] = {}  # round -> its contributors, once agreed
         self._roster_pending: dict[int, trio.Event] = {}  # rounds whose roster is being asked for
@@ -227,8 +228,12 @@ class Group:
             raise Unavailable(f"no {kind} offered in group {self.name!r} yet")
         if not isinstance(offer, Offer):
             offer = self._offers[kind] = offer()
-        async for item in self._send(peer, offer, lane=lane):
-            yield item
+        self.serving[kind] += 1
+        try:
+            async for item in self._send(peer, offer, lane=lane):
+                yield item
+        finally:
+            self.serving[kind] -= 1
 
     async def pull(self, peer: PeerId, kind: str, *, timeout: float) -> tuple[Contribution, list]:
         """``peer``'s offer of ``kind``: its signed contribution and (name, Encoded) pairs.
@@ -360,7 +365,7 @@ class Group:
         contributions it clipped; ``key`` is (round, fragment).  Returns the
         averaged vector, what the others received of ``flat`` (decoded: the
         caller keeps the difference as error feedback; None if nothing was
-        lost), the (start, end) ranges that could not be had (zeros there),
+        lost; ``flat`` itself for a member that sent nothing), the (start, end) ranges that could not be had (zeros there),
         and the contributors some reducer used.  A member not on the roster
         sends nothing and takes the reduced slices like the others.
 
@@ -379,10 +384,10 @@ class Group:
         ranges = partition(flat.numel(), members)
         contributing = self.me in members
         encoded = [encode(flat[lo:hi]) for lo, hi in ranges] if contributing else []
-        lossless = all(e.codec == "none" for e in encoded)  # then what the others receive is flat itself
+        lossless = contributing and all(e.codec == "none" for e in encoded)  # the others receive flat itself
         sent = torch.cat([decode(e) for e in encoded]) if contributing and not lossless else flat
         out = torch.empty_like(flat) if out is None else out
-        if out.data_ptr() == flat.data_ptr() and not lossless:
+        if out.data_ptr() == flat.data_ptr() and contributing and not lossless:
             raise ValueError("the average goes into the vector itself only with codec none")
         gone = [trio.Event() for _ in members]  # this member's part i is with its reducer (or failed to go)
         for index in range(len(members)):
@@ -424,8 +429,8 @@ class Group:
                     out[lo:hi] = got[0]
                 used_by_any.update(got[1])
         exchange.over, exchange.core, exchange.encoded = True, None, None  # keep the offer, not the vectors
-        for older in self._exchanges.values():  # ... and only this round's: the rounds before are past their deadlines
-            if older.key[0] < key[0] and older.over:
+        for older in self._exchanges.values():  # ... and only this round's and the one before (a member a round
+            if older.key[0] < key[0] - 1 and older.over:  # behind may still fetch it); older ones are past their deadlines
                 older.offer = None
         self.clock.observe(trio.current_time() - started)
         return out, None if lossless else sent, [ranges[i] for i in core.missing_parts()], used_by_any
