@@ -21,11 +21,20 @@ part, each with its comparison from the same run:
   (``experts_kit.mmd``), and the expert rows each mode evaluated.
 * **faults**: DDM sampling (top2) where one expert's node stops halfway:
   the run completes, says which expert it dropped, and its MMD.
-* **hdee**: character-level LMs per text domain (experts_kit): see the part.
+* **hdee**: character-level LMs (a GRU over bytes) on three text domains
+  (Python stdlib source, Debian licence texts, Debian changelogs) and man
+  pages for evaluation only: a seed model on the mix branched per domain,
+  homogeneous (same steps each) and heterogeneous (the same total, shared by
+  the seed model's dev bits per byte); bits per byte on each test text for
+  each expert alone, the posterior ensemble (uniform and cached prior) and
+  uniform averaging, over ``--hdee-seeds`` seeds; and the heterogeneous
+  ensemble served on 3 nodes against the same mixture in process.
 
 Targets (issue 13): batching >= 3x the unbatched rate; DDM full within 3x the
 floor and >= 5x better than the monolith, every routed mode >= 10x better than
-uniform, top-2 at most half the expert evaluations of full.
+uniform, top-2 at most half the expert evaluations of full; a heterogeneous
+HDEE ensemble best on 2 of 3 domains and on the held-out one, the mixture
+>= 0.1 bpc better than the best expert there, the mesh within 1e-6 of in process.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from rich.table import Table  # noqa: E402
 import meshd  # noqa: E402
 import meshd.experts as mx  # noqa: E402
 from benchmarks.parts import log, run_parts, save_json, stop_on_sigterm  # noqa: E402
+from meshd.testing.nodes import node_until_cancelled  # noqa: E402
 
 
 async def open_nodes(stack: AsyncExitStack, root: Path, count: int) -> list:
@@ -207,15 +217,6 @@ async def ddm(args, root: Path, models: dict) -> list[dict]:
     return rows
 
 
-async def run_node(path: Path, bootstrap: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """A node that lives until its cancel scope (handed out with it) is cancelled: a node to kill."""
-    with trio.CancelScope() as scope:
-        async with meshd.open_node(path, listen="127.0.0.1:0", bootstrap=[bootstrap]) as node:
-            await node.connect(bootstrap)
-            task_status.started((node, scope))
-            await trio.sleep_forever()
-
-
 async def faults(args, root: Path, models: dict) -> list[dict]:
     """top2 sampling where the node serving expert c1 stops halfway through."""
     from experts import ddm as math_
@@ -227,7 +228,7 @@ async def faults(args, root: Path, models: dict) -> list[dict]:
         nodes = await serve_ddm(stack, root / "faults", models)
         nodes[1].service("experts").unserve("c1")  # c1 moves to a node that will die
         nursery = await stack.enter_async_context(trio.open_nursery())
-        victim, scope = await nursery.start(run_node, root / "faults" / "victim", str(nodes[0].address))
+        victim, scope = await nursery.start(node_until_cancelled, root / "faults" / "victim", str(nodes[0].address))
         await mx.serve(victim, models["experts"][1], expert_id="c1", kind="flow")
         ens = mx.DDMEnsemble(nodes[5], [f"c{i}" for i in range(4)], "router", mode="topk", top_k=2)
         sampled = mx.Sampled(torch.zeros(0), {}, {})
@@ -244,6 +245,92 @@ async def faults(args, root: Path, models: dict) -> list[dict]:
              "mmd2": kit.mmd(x, models["held"]), "evals": sum(sampled.rows.values()),
              "detail": f"completed in {time.perf_counter() - started:.1f} s; dropped {sorted(sampled.dropped)} "
                        f"({why[:80]})"}]
+
+
+# --- HDEE: character-level LM experts per text domain --------------------------------------------------
+
+
+def hdee_models(args, seed: int) -> dict:
+    """A seed model on the mix of the three domains, branched per domain twice: homogeneous
+    (every expert the same steps) and heterogeneous (the same total steps, shared by the
+    seed model's dev bits per byte: harder domains get more), all trained in this process."""
+    from meshd.testing import experts_kit as kit
+
+    torch.manual_seed(seed)
+    data = {d: kit.splits(d, args.hdee_chars) for d in (*kit.DOMAINS, kit.EVAL_DOMAIN)}
+    mix = torch.cat([data[d]["train"] for d in kit.DOMAINS])
+    base = kit.CharLM(width=args.hdee_width, seed=seed)
+    kit.train_lm(base, mix, args.hdee_seed_steps, seed=seed)
+    hardness = {d: kit.bpc(kit.token_logprobs(base, data[d]["dev"][:args.hdee_eval])) for d in kit.DOMAINS}
+    total = args.hdee_steps * len(kit.DOMAINS)
+    plans = {"homogeneous": {d: args.hdee_steps for d in kit.DOMAINS},
+             "heterogeneous": {d: round(total * hardness[d] / sum(hardness.values())) for d in kit.DOMAINS}}
+    experts = {}
+    for plan, steps in plans.items():
+        for i, d in enumerate(kit.DOMAINS):
+            expert = kit.branch(base)
+            kit.train_lm(expert, data[d]["train"], steps[d], seed=seed * 10 + i)
+            experts[plan, d] = expert.eval()
+    return {"data": data, "experts": experts, "plans": plans, "hardness": hardness}
+
+
+async def hdee(args, root: Path) -> list[dict]:
+    from experts import hdee as mixing
+    from meshd.testing import experts_kit as kit
+
+    torch.set_num_threads(1)
+    domains, evals = list(kit.DOMAINS), [*kit.DOMAINS, kit.EVAL_DOMAIN]
+    table: dict = {}  # (what, domain) -> [bpc per seed]
+    worst_gap = 0.0
+    for seed in range(args.hdee_seeds):
+        started = time.perf_counter()
+        m = hdee_models(args, seed)
+        log(f"[hdee] seed {seed}: trained in {time.perf_counter() - started:.0f} s, steps {m['plans']}")
+        tests = {d: m["data"][d]["test"][:args.hdee_eval] for d in evals}
+        logp = {(plan, e, d): kit.token_logprobs(m["experts"][plan, e], tests[d]).double()
+                for plan in m["plans"] for e in domains for d in evals}
+        for plan in m["plans"]:
+            # the cached prior: the mean final posterior over dev text of every trained domain
+            finals = []
+            for d in domains:
+                dev = m["data"][d]["dev"][:args.hdee_eval]
+                lp = torch.stack([kit.token_logprobs(m["experts"][plan, e], dev).double() for e in domains])
+                _, log_w = mixing.posterior_mixture(lp)
+                finals.append(torch.log_softmax(log_w[:, -1] + lp[:, -1], 0))
+            prior = mixing.estimate_prior(torch.stack(finals))
+            for d in evals:
+                lp = torch.stack([logp[plan, e, d] for e in domains])
+                for e in domains:
+                    table.setdefault((f"{plan}: expert {e} alone", d), []).append(kit.bpc(logp[plan, e, d]))
+                table.setdefault((f"{plan}: posterior, uniform prior", d), []).append(
+                    kit.bpc(mixing.posterior_mixture(lp)[0]))
+                table.setdefault((f"{plan}: posterior, cached prior", d), []).append(
+                    kit.bpc(mixing.posterior_mixture(lp, prior)[0]))
+                table.setdefault((f"{plan}: uniform averaging", d), []).append(kit.bpc(mixing.uniform_mixture(lp)))
+        async with AsyncExitStack() as stack:  # the heterogeneous ensemble, each expert on its own node
+            nodes = await open_nodes(stack, root / f"hdee{seed}", len(domains) + 1)
+            for node, d in zip(nodes, domains):
+                await mx.serve(node, m["experts"]["heterogeneous", d], expert_id=f"{d}-{seed}", kind="lm", domain=d)
+            ens = mx.HDEEEnsemble(nodes[-1], [f"{d}-{seed}" for d in domains])
+            for d in evals:
+                scored = await ens.score(tests[d])
+                local = mixing.posterior_mixture(torch.stack([logp["heterogeneous", e, d] for e in domains]))[0]
+                worst_gap = max(worst_gap, float((scored.logp.double() - local).abs().max()))
+    rows = []
+    for (what, d), values in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        rows.append({"part": "hdee", "what": f"{d}: {what}", "bpc": statistics.mean(values),
+                     "detail": f"seeds {', '.join(f'{v:.3f}' for v in values)}"})
+    best = {d: min((r for r in rows if r["what"].startswith(f"{d}: ")), key=lambda r: r["bpc"])["what"]
+            for d in evals}
+    hetero_best = [d for d in evals if best[d].startswith(f"{d}: heterogeneous: posterior")]
+    single = min(statistics.mean(table[(f"heterogeneous: expert {e} alone", kit.EVAL_DOMAIN)]) for e in domains)
+    mixed = statistics.mean(table[("heterogeneous: posterior, uniform prior", kit.EVAL_DOMAIN)])
+    rows.append({"part": "hdee", "what": "targets", "detail":
+                 f"a heterogeneous posterior ensemble best on {', '.join(hetero_best) or 'none'} "
+                 f"(target: 2 of 3 trained and {kit.EVAL_DOMAIN}); on {kit.EVAL_DOMAIN} the mixture beats the best "
+                 f"expert by {single - mixed:.3f} bpc (target >= 0.1); over the mesh vs in process: max |Δ log p| "
+                 f"{worst_gap:.1e} (target <= 1e-6)"})
+    return rows
 
 
 # --- the table --------------------------------------------------------------------------------------
@@ -266,10 +353,17 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=2000, help="DDM samples per mode (and held-out points)")
     parser.add_argument("--ddm-steps", type=int, default=800, help="training steps per DDM expert and the router")
     parser.add_argument("--ddm-sample-steps", type=int, default=50, help="Euler steps per sample")
+    parser.add_argument("--hdee-seeds", type=int, default=2)
+    parser.add_argument("--hdee-chars", type=int, default=150_000, help="characters read per text domain")
+    parser.add_argument("--hdee-width", type=int, default=128, help="the char LMs' GRU width")
+    parser.add_argument("--hdee-seed-steps", type=int, default=200, help="steps of the seed model on the mix")
+    parser.add_argument("--hdee-steps", type=int, default=250, help="steps per expert (the heterogeneous total is the same)")
+    parser.add_argument("--hdee-eval", type=int, default=4000, help="bytes of each test (and dev) text scored")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.samples, args.ddm_steps, args.ddm_sample_steps = 2.0, 600, 200, 20
+        args.hdee_seeds, args.hdee_seed_steps, args.hdee_steps, args.hdee_eval = 1, 40, 40, 1000
     stop_on_sigterm()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="meshd-experts-") as tmp:
@@ -284,10 +378,10 @@ def main() -> int:
             return run
 
         parts = [("serving", lambda: trio.run(serving, args, root)), ("ddm", with_models(ddm)),
-                 ("faults", with_models(faults))]
+                 ("faults", with_models(faults)), ("hdee", lambda: trio.run(hdee, args, root))]
         rows, rc = run_parts(parts, args.skip, lambda name, msg: {"part": name, "what": "FAILED", "detail": msg},
                              {"part": "-", "what": "interrupted"})
-    columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "mmd2", "evals", "detail"]
+    columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "mmd2", "evals", "bpc", "detail"]
     table = Table(title=f"Experts on the mesh, 127.0.0.1, {torch.get_num_threads()} torch thread(s) "
                         f"(run took {time.perf_counter() - started:.0f} s)", title_justify="left")
     for col in columns:

@@ -26,14 +26,7 @@ import meshd
 import meshd.experts as mx
 from experts import ddm
 from meshd.testing import experts_kit as kit
-
-
-async def node_until_cancelled(path: Path, bootstrap: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    with trio.CancelScope() as scope:
-        async with meshd.open_node(path, listen="127.0.0.1:0", bootstrap=[bootstrap]) as node:
-            await node.connect(bootstrap)
-            task_status.started((node, scope))
-            await trio.sleep_forever()
+from meshd.testing.nodes import node_until_cancelled
 
 
 async def main(args) -> None:

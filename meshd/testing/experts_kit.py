@@ -35,20 +35,21 @@ import copy
 import gzip
 import math
 import sysconfig
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from experts.ddm import interpolate, target_velocity
 
 __all__ = [
     "CHANGELOG_GLOB", "DOC_DIR", "DOMAINS", "EVAL_DOMAIN", "LICENSES_DIR", "MAN1_DIR", "MIN_CHARS",
     "MMD_BANDWIDTHS", "STDLIB_DIR", "VOCAB",
     "CharLM", "RouterMLP", "VelocityMLP",
     "bpc", "branch", "coverage", "digit_classifier", "digits_data", "domain_text", "encode",
-    "ensemble_velocity", "grid_gaussians", "interpolate", "kmeans", "median_distance", "mix_logprobs",
-    "mmd", "param_count", "route", "sample_flow", "splits", "target_velocity", "time_features",
-    "token_logprobs", "train_flow", "train_lm", "train_router",
+    "grid_gaussians", "kmeans", "median_distance", "mmd", "param_count", "sample_flow", "splits", "time_features",
+    "token_logprobs", "train_ddm", "train_flow", "train_lm", "train_router",
 ]
 
 # --------------------------------------------------------------------------- text domains (HDEE)
@@ -215,22 +216,15 @@ def train_lm(model: CharLM, data: torch.Tensor, steps: int, *, seq: int = 128, b
     branched model starts its continued training with fresh moments."""
     if data.dim() != 1 or len(data) < seq + 2:
         raise ValueError(f"data must be 1-D with more than {seq + 1} bytes, not shape {tuple(data.shape)}")
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr)
     offsets = torch.arange(seq + 1)
-    losses = []
-    model.train()
-    for _ in range(steps):
+
+    def loss(gen: torch.Generator) -> torch.Tensor:
         starts = torch.randint(len(data) - seq, (batch,), generator=gen)
         window = data[starts[:, None] + offsets]
         logits = model(window[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-    return losses
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
+
+    return _fit(model, steps, lr, seed, loss, clip=1.0)
 
 
 @torch.no_grad()
@@ -265,19 +259,6 @@ def bpc(logprobs: torch.Tensor) -> float:
     if logprobs.numel() == 0:
         raise ValueError("bpc of no predictions")
     return float(-logprobs.double().mean() / math.log(2))
-
-
-def mix_logprobs(logprobs: Sequence[torch.Tensor], weights: Sequence[float] | None = None) -> torch.Tensor:
-    """Per-byte log-probabilities of a fixed-weight mixture of experts: log Σ_k w_k p_k(byte).
-
-    ``logprobs``: each expert's :func:`token_logprobs` on the same text;
-    ``weights``: the mixture weights (normalised here), uniform if None."""
-    stacked = torch.stack([lp.double() for lp in logprobs])
-    w = torch.full((len(logprobs),), 1.0 / len(logprobs), dtype=torch.float64) if weights is None \
-        else torch.as_tensor(weights, dtype=torch.float64)
-    if w.shape != (len(logprobs),) or bool((w < 0).any()) or float(w.sum()) <= 0:
-        raise ValueError(f"weights must be {len(logprobs)} non-negative numbers with a positive sum")
-    return torch.logsumexp(stacked + torch.log(w / w.sum())[:, None], 0).float()
 
 
 def branch(seed_model: torch.nn.Module) -> torch.nn.Module:
@@ -412,23 +393,32 @@ class RouterMLP(torch.nn.Module):
         return self.net(torch.cat([x, time_features(_times(t, len(x)), self.time_dim)], 1))
 
 
-def interpolate(x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """x_t = (1 − t)·x0 + t·x1, with ``t`` [B] broadcast over each row."""
-    t = t.reshape(-1, *([1] * (x0.dim() - 1)))
-    return (1 - t) * x0 + t * x1
-
-
-def target_velocity(x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
-    """The flow-matching regression target: x1 − x0 (constant along the straight path)."""
-    return x1 - x0
-
-
 def _flow_batch(data: torch.Tensor, batch: int, gen: torch.Generator):
     idx = torch.randint(len(data), (batch,), generator=gen)
     x1 = data[idx]
     x0 = torch.randn(x1.shape, generator=gen)
     t = torch.rand(batch, generator=gen)
     return idx, x0, x1, t
+
+
+def _fit(model: torch.nn.Module, steps: int, lr: float, seed: int,
+         loss: Callable[[torch.Generator], torch.Tensor], *, clip: float | None = None) -> list[float]:
+    """``steps`` AdamW steps (a new optimizer) on ``loss(generator)``, its batches drawn
+    from a generator seeded with ``seed``, ``model`` in training mode, gradients
+    clipped to norm ``clip`` if given; the per-step losses."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        value = loss(gen)
+        opt.zero_grad(set_to_none=True)
+        value.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        losses.append(value.item())
+    return losses
 
 
 def train_flow(model: torch.nn.Module, data: torch.Tensor, steps: int, *, batch: int = 256, lr: float = 2e-3,
@@ -438,18 +428,11 @@ def train_flow(model: torch.nn.Module, data: torch.Tensor, steps: int, *, batch:
     Each step: ``batch`` rows x1 of ``data``, noise x0 ~ N(0, I), t ~ U[0, 1),
     all from a generator seeded with ``seed``; loss = mean squared error of
     model(x_t, t) against x1 − x0; one AdamW step."""
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr)
-    losses = []
-    model.train()
-    for _ in range(steps):
+    def loss(gen: torch.Generator) -> torch.Tensor:
         _, x0, x1, t = _flow_batch(data, batch, gen)
-        loss = F.mse_loss(model(interpolate(x0, x1, t), t), target_velocity(x0, x1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+        return F.mse_loss(model(interpolate(x0, x1, t), t), target_velocity(x0, x1))
+
+    return _fit(model, steps, lr, seed, loss)
 
 
 def train_router(router: torch.nn.Module, data: torch.Tensor, clusters: torch.Tensor, steps: int, *,
@@ -458,53 +441,15 @@ def train_router(router: torch.nn.Module, data: torch.Tensor, clusters: torch.Te
     from (x_t, t) on the same noisy paths as :func:`train_flow`; the per-step cross-entropies."""
     if len(clusters) != len(data):
         raise ValueError(f"{len(clusters)} cluster labels for {len(data)} rows")
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(router.parameters(), lr)
-    losses = []
-    router.train()
-    for _ in range(steps):
+
+    def loss(gen: torch.Generator) -> torch.Tensor:
         idx, x0, x1, t = _flow_batch(data, batch, gen)
-        loss = F.cross_entropy(router(interpolate(x0, x1, t), t), clusters[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+        return F.cross_entropy(router(interpolate(x0, x1, t), t), clusters[idx])
+
+    return _fit(router, steps, lr, seed, loss)
 
 
 @torch.no_grad()
-def route(router: torch.nn.Module, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """The router's expert probabilities [B, K] at (x, t): softmax of its logits."""
-    return torch.softmax(router(x, t), -1)
-
-
-def ensemble_velocity(experts: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
-                      router: torch.nn.Module, *, top_k: int | None = None
-                      ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The DDM ensemble's velocity, in process: Σ_k r(k | x_t, t) · v_k(x_t, t).
-
-    ``top_k``: keep only each row's ``top_k`` most probable experts, their
-    weights renormalised (1: route each row to its single best expert); None:
-    the full mixture.  Every expert runs on every row (this is the reference,
-    not the cheap path).  Hard routing switches a row between experts along
-    its path and, near t = 0 where the router only knows the cluster sizes,
-    sends every row to the same expert: on the 4 × 4 grid with 4 experts,
-    top_k=1 sampled far worse than the full mixture (MMD² 0.29 against 0.015)."""
-    if top_k is not None and not 0 < top_k <= len(experts):
-        raise ValueError(f"top_k must be in 1 .. {len(experts)}, not {top_k}")
-
-    @torch.no_grad()
-    def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        weights = route(router, x, t)
-        if top_k is not None and top_k < len(experts):
-            keep = weights.topk(top_k, -1).indices
-            weights = torch.zeros_like(weights).scatter_(1, keep, weights.gather(1, keep))
-            weights = weights / weights.sum(1, keepdim=True)
-        return sum(weights[:, k:k + 1] * v(x, t) for k, v in enumerate(experts))
-
-    return velocity
-
-
 @torch.no_grad()
 def sample_flow(velocity: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], n: int, dim: int, steps: int,
                 seed: int) -> torch.Tensor:

@@ -18,21 +18,11 @@ import torch
 import trio
 
 import meshd
+from meshnodes import open_nodes
 import meshd.experts as mx
 from experts import ddm, hdee
 from meshd import Config
 from meshd.rpc import InvalidArgument, NotFound, ResourceExhausted, RpcError
-
-
-async def open_nodes(stack: AsyncExitStack, tmp_path, count: int, config: Config | None = None) -> list:
-    first = await stack.enter_async_context(meshd.open_node(tmp_path / "n0", listen="127.0.0.1:0", config=config))
-    rest = []
-    for i in range(1, count):
-        node = await stack.enter_async_context(meshd.open_node(
-            tmp_path / f"n{i}", listen="127.0.0.1:0", bootstrap=[str(first.address)], config=config))
-        await node.connect(first.address)
-        rest.append(node)
-    return [first, *rest]
 
 
 class Counting(torch.nn.Module):

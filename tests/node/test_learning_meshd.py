@@ -15,6 +15,7 @@ import torch
 import trio
 
 import meshd
+from meshnodes import open_nodes
 import meshd.learning as ml
 from meshd import Config
 from meshd.services.learning import LearningSection
@@ -26,18 +27,6 @@ def _config(tmp_path) -> Config:
     config = Config()
     config.learning = LearningSection(heartbeat_interval=0.2, discover_interval=0.5, round_timeout_min=2.0)
     return config
-
-
-async def open_nodes(stack: AsyncExitStack, tmp_path, count: int, config: Config | None = None) -> list[meshd.Node]:
-    config = config or _config(tmp_path)
-    first = await stack.enter_async_context(meshd.open_node(tmp_path / "n0", listen="127.0.0.1:0", config=config))
-    rest = []
-    for i in range(1, count):
-        node = await stack.enter_async_context(meshd.open_node(
-            tmp_path / f"n{i}", listen="127.0.0.1:0", bootstrap=[str(first.address)], config=config))
-        await node.connect(first.address)
-        rest.append(node)
-    return [first, *rest]
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -66,7 +55,7 @@ async def _everyone_knows_everyone(nodes, timeout=10.0) -> None:
 async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path, compression, lanes):
     """Payloads go over the bulk lanes between members that have them, over QUIC to and from one that has none."""
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 2)
+        nodes = await open_nodes(stack, tmp_path, 2, _config(tmp_path))
         laneless = _config(tmp_path)
         laneless.learning.lane = lanes == "all"
         nodes.append(await stack.enter_async_context(meshd.open_node(
@@ -96,7 +85,7 @@ async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path
 
 async def test_a_gossip_round_merges_live_partners_parameters(tmp_path):
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 3)
+        nodes = await open_nodes(stack, tmp_path, 3, _config(tmp_path))
         models = [_model(seed=i) for i in range(3)]
         avgs = [ml.GossipAverager(node, model, group=GROUP, rule="mean", partners=2, seed=i)
                 for i, (node, model) in enumerate(zip(nodes, models))]
@@ -112,7 +101,7 @@ async def test_a_gossip_round_merges_live_partners_parameters(tmp_path):
 
 async def test_learning_status_names_members_and_their_agreement(tmp_path):
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 2)
+        nodes = await open_nodes(stack, tmp_path, 2, _config(tmp_path))
         models = [_model(seed=0) for _ in nodes]
         opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05),
                           group=GROUP, inner_steps=3) for node, model in zip(nodes, models)]
@@ -155,7 +144,7 @@ async def test_a_round_has_one_roster_even_where_members_views_differ(tmp_path):
 
 async def test_a_group_that_stalled_past_its_timeout_finds_itself_again(tmp_path):
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 3)
+        nodes = await open_nodes(stack, tmp_path, 3, _config(tmp_path))
         avgs = [ml.GossipAverager(node, _model(seed=i), group=GROUP) for i, node in enumerate(nodes)]
         await _everyone_knows_everyone(nodes)
         groups = [avg.group for avg in avgs]
@@ -167,7 +156,7 @@ async def test_a_group_that_stalled_past_its_timeout_finds_itself_again(tmp_path
 @pytest.mark.parametrize("compression", ["none", "int8"])
 async def test_a_member_off_the_roster_follows_the_round_to_the_same_state(tmp_path, compression):
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 2)
+        nodes = await open_nodes(stack, tmp_path, 2, _config(tmp_path))
         models = [_model(seed=i) for i in range(2)]
         opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05),
                           group=GROUP, inner_steps=2, compression=compression)

@@ -6,6 +6,8 @@ import re
 import pytest
 import torch
 
+from experts import ddm
+
 from meshd.testing import experts_kit as ek
 
 
@@ -88,12 +90,6 @@ def test_bpc_of_a_uniform_model_is_8_bits():
     assert ek.bpc(ek.token_logprobs(model, ek.encode("any text at all"))) == pytest.approx(8.0)
 
 
-def test_mix_logprobs_of_identical_experts_is_the_expert():
-    lp = torch.log(torch.tensor([0.5, 0.25]))
-    assert torch.allclose(ek.mix_logprobs([lp, lp], [3.0, 1.0]), lp)
-    assert torch.allclose(ek.mix_logprobs([lp, torch.zeros(2)]), torch.log((lp.exp() + 1) / 2))
-
-
 def test_branch_is_an_independent_copy():
     seed_model = ek.CharLM(width=8, layers=1)
     copy = ek.branch(seed_model)
@@ -125,10 +121,10 @@ def test_kmeans_recovers_four_well_separated_clusters():
 
 def test_interpolation_runs_from_noise_at_0_to_data_at_1_along_the_target_velocity():
     x0, x1 = torch.randn(5, 3), torch.randn(5, 3)
-    assert torch.allclose(ek.interpolate(x0, x1, torch.zeros(5)), x0)
-    assert torch.allclose(ek.interpolate(x0, x1, torch.ones(5)), x1)
+    assert torch.allclose(ddm.interpolate(x0, x1, torch.zeros(5)), x0)
+    assert torch.allclose(ddm.interpolate(x0, x1, torch.ones(5)), x1)
     t = torch.rand(5)
-    assert torch.allclose(ek.interpolate(x0, x1, t) + (1 - t)[:, None] * ek.target_velocity(x0, x1), x1, atol=1e-6)
+    assert torch.allclose(ddm.interpolate(x0, x1, t) + (1 - t)[:, None] * ddm.target_velocity(x0, x1), x1, atol=1e-6)
 
 
 def test_euler_with_the_true_velocity_carries_noise_to_a_fixed_x1_exactly():
@@ -139,13 +135,13 @@ def test_euler_with_the_true_velocity_carries_noise_to_a_fixed_x1_exactly():
         seen.append(x.clone())
         times.append(float(t[0]))
         x0 = (x - t[:, None] * x1) / (1 - t[:, None])
-        return ek.target_velocity(x0, x1)
+        return ddm.target_velocity(x0, x1)
 
     out = ek.sample_flow(velocity, 6, 2, steps=8, seed=0)
     assert times == [i / 8 for i in range(8)]
     assert torch.allclose(seen[0], torch.randn(6, 2, generator=torch.Generator().manual_seed(0)))
     for x, t in zip(seen, times):  # every step lands on x_t = (1 − t)·x0 + t·x1
-        assert torch.allclose(x, ek.interpolate(seen[0], x1, torch.full((6,), t)), atol=1e-5)
+        assert torch.allclose(x, ddm.interpolate(seen[0], x1, torch.full((6,), t)), atol=1e-5)
     assert torch.allclose(out, x1, atol=1e-5)
 
 
@@ -171,18 +167,14 @@ def test_mmd_in_chunks_equals_the_unbiased_formula():
     assert ek.mmd(x, y, bandwidths=sigmas, scale=1.0, chunk=7) == pytest.approx(float(want), abs=1e-6)
 
 
-def test_route_gives_probabilities_and_each_trainer_runs_one_step():
+def test_each_trainer_runs_one_step_and_the_router_gives_a_logit_per_expert():
     gen = torch.Generator().manual_seed(0)
     data = torch.randn(64, 2, generator=gen)
     clusters = (data[:, 0] > 0).long()
     velocity, router = ek.VelocityMLP(2, width=16, depth=2), ek.RouterMLP(2, 2, width=16, depth=2)
     assert len(ek.train_flow(velocity, data, 1, batch=8)) == 1
     assert len(ek.train_router(router, data, clusters, 1, batch=8)) == 1
-    probs = ek.route(router, data[:5], torch.rand(5))
-    assert probs.shape == (5, 2) and torch.allclose(probs.sum(1), torch.ones(5))
-    mixed = ek.ensemble_velocity([velocity, velocity], router)
-    assert torch.allclose(mixed(data[:5], torch.rand(5).fill_(0.3)), velocity(data[:5], torch.full((5,), 0.3)),
-                          atol=1e-6)
+    assert router(data[:5], torch.rand(5)).shape == (5, 2)
     lm = ek.CharLM(width=8, layers=1)
     losses = ek.train_lm(lm, ek.encode("abc" * 40), 1, seq=16, batch=2)
     assert len(losses) == 1 and math.isfinite(losses[0])
