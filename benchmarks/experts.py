@@ -6,12 +6,15 @@ Every expert is served by its own meshd node (in this process, real QUIC over
 127.0.0.1, the service's defaults); callers are another node.  One table per
 part, each with its comparison from the same run:
 
-* **serving**: one MLP expert (2048-8192-2048) under ``--callers`` concurrent
-  callers sending one row per call for ``--seconds``, with batching on
+* **serving**: one MLP expert (2048-8192-2048) served by a node in its own
+  process under ``--callers`` concurrent callers (another node, this process)
+  sending one row per call for ``--seconds``, with batching on
   (max_batch 64, max_wait 2 ms) and off (max_batch 1): rows/s and p50/p99
   call latency, beside the same module called in this process at batch 64
-  and batch 1 (the ceiling); then 4 such experts on 4 nodes, each request
-  asking all 4 at once (an ensemble's fan-out).
+  and batch 1 (the ceiling), and beside hivemind's ``RemoteExpert`` serving the
+  same module to the same callers (``benchmarks/hivemind_expert.py`` under
+  ``/tmp/hm-venv``); then 4 such experts on 4 nodes, each request asking all
+  4 at once (an ensemble's fan-out).
 * **ddm**: a 2-D mixture of 16 Gaussians on a 4x4 grid; k-means into K = 4
   clusters; one flow-matching expert per cluster on its own node and an MLP
   router r(k | x_t, t) on a fifth; samples by ``DDMEnsemble`` in modes full,
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +62,7 @@ from rich.table import Table  # noqa: E402
 
 import meshd  # noqa: E402
 import meshd.experts as mx  # noqa: E402
-from benchmarks.parts import log, run_parts, save_json, stop_on_sigterm  # noqa: E402
+from benchmarks.parts import log, run_anchor, run_parts, save_json, stop_on_sigterm  # noqa: E402
 from meshd.testing.nodes import node_until_cancelled  # noqa: E402
 
 
@@ -88,6 +92,16 @@ WIDTH = 2048  # the serving expert: WIDTH -> 4 WIDTH -> WIDTH, 33.6 M parameters
 def mlp(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.ReLU(), torch.nn.Linear(4 * WIDTH, WIDTH))
+
+
+async def serve_mlp(path: str, max_batch: int) -> None:
+    """The serving benchmark's expert in a process of its own (as hivemind's server is): prints the
+    node's address, serves until stdin closes."""
+    torch.set_num_threads(1)
+    async with meshd.open_node(path, listen="127.0.0.1:0") as node:
+        await mx.serve(node, mlp(0), expert_id="mlp", max_batch=max_batch, max_wait_ms=2)
+        print(node.address, flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read)
 
 
 def in_process_rate(module, batch: int, seconds: float) -> float:
@@ -132,14 +146,22 @@ async def serving(args, root: Path) -> list[dict]:
         rows.append({"part": "serving", "what": f"in process, batch {batch} (ceiling)", "rows/s": rate})
     results = {}
     for name, max_batch in (("batching on", 64), ("batching off", 1)):
-        async with AsyncExitStack() as stack:
-            server, client = await open_nodes(stack, root / name.replace(" ", "-"), 2)
-            await mx.serve(server, module, expert_id="mlp", max_batch=max_batch, max_wait_ms=2)
-            expert = mx.RemoteExpert(client, "mlp")
-            await expert.call(torch.randn(1, WIDTH))  # lookup and connection, unmeasured
-            rate, lat, batches = await load([expert], args.callers, args.seconds)
+        data = root / name.replace(" ", "-")
+        server = subprocess.Popen([sys.executable, __file__, "--serve-mlp", str(data / "server"), "--max-batch",
+                                   str(max_batch)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            address = (await trio.to_thread.run_sync(server.stdout.readline)).strip()
+            async with meshd.open_node(data / "client", listen="127.0.0.1:0", bootstrap=[address]) as client:
+                await client.connect(address)
+                expert = mx.RemoteExpert(client, "mlp")
+                await expert.call(torch.randn(1, WIDTH))  # lookup and connection, unmeasured
+                rate, lat, batches = await load([expert], args.callers, args.seconds)
+        finally:
+            server.stdin.close()
+            server.wait(30)
         results[name] = rate
-        rows.append({"part": "serving", "what": f"1 expert, {args.callers} callers, {name}", "rows/s": rate,
+        rows.append({"part": "serving", "what": f"1 expert in its own process, {args.callers} callers, {name}",
+                     "rows/s": rate,
                      "p50 ms": 1000 * pct(lat, 0.5), "p99 ms": 1000 * pct(lat, 0.99),
                      "detail": f"mean batch {statistics.mean(batches):.1f} rows"})
     async with AsyncExitStack() as stack:
@@ -153,9 +175,20 @@ async def serving(args, root: Path) -> list[dict]:
     rows.append({"part": "serving", "what": f"4 experts on 4 nodes, {args.callers} callers asking all 4",
                  "rows/s": rate, "p50 ms": 1000 * pct(lat, 0.5), "p99 ms": 1000 * pct(lat, 0.99),
                  "detail": f"requests/s of the 4-way fan-out; mean batch {statistics.mean(batches):.1f}"})
+    hm = run_anchor(args.hm_python, Path(__file__).parent / "hivemind_expert.py",
+                    ["--width", str(WIDTH), "--callers", str(args.callers), "--seconds", str(args.seconds)], 300)
+    if "error" in hm:
+        rows.append({"part": "serving", "what": "hivemind RemoteExpert", "detail": hm["error"][:150]})
+    else:
+        rows.append({"part": "serving", "what": f"hivemind RemoteExpert, {args.callers} callers, max_batch 64",
+                     "rows/s": hm["rows_per_s"], "p50 ms": hm["p50_ms"], "p99 ms": hm["p99_ms"],
+                     "detail": f"hivemind 1.1.12, server and caller in 2 processes (+ p2pd), own netns; "
+                               f"{hm['error_count']} errors"})
     ratio = results["batching on"] / results["batching off"]
-    rows.append({"part": "serving", "what": "batching on / off", "rows/s": None,
-                 "detail": f"{ratio:.1f}x (target >= 3x: {'met' if ratio >= 3 else 'MISSED'})"})
+    versus = f"; batching on / hivemind {results['batching on'] / hm['rows_per_s']:.1f}x (target >= 2x)" \
+        if "rows_per_s" in hm else ""
+    rows.append({"part": "serving", "what": "targets", "rows/s": None,
+                 "detail": f"batching on / off {ratio:.1f}x (target >= 3x){versus}"})
     return rows
 
 
@@ -358,6 +391,7 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="comma list of parts: serving,ddm,faults,hdee")
     parser.add_argument("--callers", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--hm-python", default="/tmp/hm-venv/bin/python", help="hivemind's venv (../shared/anchors/setup)")
     parser.add_argument("--samples", type=int, default=2000, help="DDM samples per mode (and held-out points)")
     parser.add_argument("--ddm-steps", type=int, default=800, help="training steps per DDM expert and the router")
     parser.add_argument("--ddm-sample-steps", type=int, default=50, help="Euler steps per sample")
@@ -368,7 +402,12 @@ def main() -> int:
     parser.add_argument("--hdee-steps", type=int, default=250, help="steps per expert (the heterogeneous total is the same)")
     parser.add_argument("--hdee-eval", type=int, default=4000, help="bytes of each test (and dev) text scored")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--serve-mlp", metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--max-batch", type=int, default=64, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_mlp:
+        trio.run(serve_mlp, args.serve_mlp, args.max_batch)
+        return 0
     if args.quick:
         args.seconds, args.samples, args.ddm_steps, args.ddm_sample_steps = 2.0, 600, 200, 20
         args.hdee_seeds, args.hdee_seed_steps, args.hdee_steps, args.hdee_eval = 1, 40, 40, 1000
