@@ -13,9 +13,9 @@ networked ensemble is measured against:
   :func:`branch`-ed per domain for continued training.
 
 * **DDM** (decentralized diffusion models, here flow matching).  A grid of
-  Gaussians in 2-D and scikit-learn's digits (64-D, no download), k-means to
-  partition the data into clusters (one expert each), a velocity MLP, a router
-  MLP, trainers, an Euler sampler, MMD and a digit classifier for coverage.
+  Gaussians in 2-D, k-means to partition the data into clusters (one expert
+  each), a velocity MLP, a router MLP, trainers, an Euler sampler, MMD, and
+  :func:`train_ddm`, the whole setup the benchmark and the example use.
 
 Flow-matching convention, used by every function here: noise x0 ~ N(0, I) at
 t = 0, data x1 at t = 1, x_t = (1 − t)·x0 + t·x1, target velocity x1 − x0;
@@ -47,7 +47,7 @@ __all__ = [
     "CHANGELOG_GLOB", "DOC_DIR", "DOMAINS", "EVAL_DOMAIN", "LICENSES_DIR", "MAN1_DIR", "MIN_CHARS",
     "MMD_BANDWIDTHS", "STDLIB_DIR", "VOCAB",
     "CharLM", "RouterMLP", "VelocityMLP",
-    "bpc", "branch", "coverage", "digit_classifier", "digits_data", "domain_text", "encode",
+    "bpc", "branch", "domain_text", "encode",
     "grid_gaussians", "kmeans", "median_distance", "mmd", "param_count", "sample_flow", "splits", "time_features",
     "token_logprobs", "train_ddm", "train_flow", "train_lm", "train_router",
 ]
@@ -276,18 +276,6 @@ def grid_gaussians(n: int, seed: int, *, grid: int = 4, std: float = 0.05, spaci
     centres = torch.cartesian_prod(axis, axis)
     which = torch.randint(grid * grid, (n,), generator=gen)
     return centres[which] + std * torch.randn(n, 2, generator=gen)
-
-
-def digits_data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """scikit-learn's bundled digits (1,797 images of 8 × 8, no download) as ([N, 64] in [−1, 1], labels [N]),
-    shuffled by ``seed``."""
-    from sklearn.datasets import load_digits  # noqa: PLC0415  (only the digits experiments need it)
-
-    data = load_digits()
-    x = torch.tensor(data.data, dtype=torch.float32) / 8.0 - 1.0
-    y = torch.tensor(data.target, dtype=torch.long)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    return x[order], y[order]
 
 
 def _nearest(x: torch.Tensor, centres: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
@@ -521,33 +509,6 @@ def mmd(x: torch.Tensor, y: torch.Tensor, *, bandwidths: Iterable[float] = MMD_B
     kyy = (_kernel_sum(y, y, gammas, chunk) - m * diag) / (m * (m - 1))
     kxy = _kernel_sum(x, y, gammas, chunk) / (n * m)
     return kxx + kyy - 2.0 * kxy
-
-
-def digit_classifier(seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A classifier of 8 × 8 digits in [−1, 1] (:func:`digits_data`' scale): multinomial logistic
-    regression trained on all of the real digits (shuffled by ``seed``; about 99 % accurate on
-    them), for labelling generated samples.  The callable takes [N, 64], clamps it to [−1, 1] and
-    returns labels [N]."""
-    from sklearn.linear_model import LogisticRegression  # noqa: PLC0415
-
-    x, y = digits_data(seed)
-    clf = LogisticRegression(max_iter=2000, random_state=seed)
-    clf.fit(x.numpy(), y.numpy())
-
-    def classify(samples: torch.Tensor) -> torch.Tensor:
-        if samples.dim() != 2 or samples.shape[1] != 64:
-            raise ValueError(f"expected [N, 64] digits, not shape {tuple(samples.shape)}")
-        flat = samples.detach().float().clamp(-1.0, 1.0).cpu().numpy()
-        return torch.as_tensor(clf.predict(flat), dtype=torch.long)
-
-    return classify
-
-
-def coverage(labels: torch.Tensor, classes: int = 10) -> dict[int, float]:
-    """The fraction of ``labels`` in each class 0 .. classes − 1 (every class present, zeros included)."""
-    counts = torch.bincount(labels.flatten().long(), minlength=classes)[:classes]
-    total = max(len(labels.flatten()), 1)
-    return {c: float(counts[c]) / total for c in range(classes)}
 
 
 def train_ddm(steps: int, samples: int, *, clusters: int = 4, monolith: bool = False) -> dict:

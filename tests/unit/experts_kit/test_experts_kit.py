@@ -184,15 +184,3 @@ def test_trainers_are_deterministic_given_their_seeds():
     data = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
     runs = [ek.train_flow(ek.VelocityMLP(2, width=16, depth=1, seed=4), data, 3, batch=8, seed=5) for _ in range(2)]
     assert runs[0] == runs[1]
-
-
-def test_digits_data_and_classifier_label_real_digits():
-    x, y = ek.digits_data(seed=0)
-    assert x.shape == (1797, 64) and y.shape == (1797,)
-    assert float(x.min()) == -1.0 and float(x.max()) == 1.0
-    classify = ek.digit_classifier(seed=0)
-    assert float((classify(x) == y).float().mean()) > 0.95
-
-
-def test_coverage_is_the_fraction_of_each_class():
-    assert ek.coverage(torch.tensor([0, 0, 2, 3]), classes=4) == {0: 0.5, 1: 0.0, 2: 0.25, 3: 0.25}

@@ -16,7 +16,7 @@ maps = st.fixed_dictionaries({"dtype": st.sampled_from(["float32", "int64", "boo
                               "data": st.binary(max_size=200) | junk})
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(maps, max_size=6) | junk)
 def test_any_peer_data_decodes_or_is_an_invalid_argument(items):
     try:
