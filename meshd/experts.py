@@ -11,6 +11,8 @@
     ddm = mx.DDMEnsemble(node, ["c0", "c1", "c2", "c3"], router="ddm-router", mode="topk", top_k=2)
     out = await ddm.sample(64, dim=2, steps=100)
     expert = mx.RemoteExpert(node, "c0")                         # like a module: await expert(x, t)
+    await mx.publish(node, module, expert_id="c0", kind="flow")  # weights through shard sync, then served
+    await mx.replicate(other_node, same_architecture, expert_id="c0")   # fetched, verified, served there too
 
 Kinds: ``lm`` (a module from token ids [B, T] to logits [B, T, V]; called
 with op ``score``), ``flow`` (``v(x, t)``), ``router`` (logits over experts
@@ -32,5 +34,32 @@ async def serve(node, module, *, expert_id: str, kind: str = "module", domain: s
                                                max_batch=max_batch, max_wait_ms=max_wait_ms)
 
 
+async def publish(node, module, *, expert_id: str, kind: str = "module", domain: str | None = None,
+                  max_batch: int = 32, max_wait_ms: float = 5.0) -> Served:
+    """Publish ``module``'s weights through shard sync (model ``experts/EXPERT_ID``, a new
+    version each time) and serve it, its info naming the model id, so that any node can
+    fetch the weights and serve a copy (:func:`replicate`).  Needs the ``shards`` service."""
+    manifest = await node.service("shards").publish(module.state_dict(), name=f"experts/{expert_id}")
+    return await serve(node, module, expert_id=expert_id, kind=kind, domain=domain, model=manifest.id.hex(),
+                       max_batch=max_batch, max_wait_ms=max_wait_ms)
+
+
+async def replicate(node, module, *, expert_id: str, max_batch: int = 32, max_wait_ms: float = 5.0) -> Served:
+    """Serve one more copy of a published expert from ``node``: ask one of its servers what it
+    is (kind, domain, model id), fetch the weights by shard sync (verified, from whoever has
+    them) into ``module`` (the same architecture; ``load_state_dict`` is strict), and serve it.
+    ExpertUnavailable if nobody serves the expert; ValueError if it was not published."""
+    servers = await RemoteExpert(node, expert_id).servers()
+    if not servers:
+        raise ExpertUnavailable(f"nobody serves expert {expert_id!r}")
+    info = await node.service("experts").info(servers[0], expert_id)
+    model = info.get("model")
+    if not isinstance(model, str) or len(model) != 64:
+        raise ValueError(f"expert {expert_id!r} names no published model (serve it with publish())")
+    module.load_state_dict(await node.service("shards").fetch(model))
+    return await serve(node, module, expert_id=expert_id, kind=info.get("kind", "module"), domain=info.get("domain"),
+                       model=model, max_batch=max_batch, max_wait_ms=max_wait_ms)
+
+
 __all__ = ["Answer", "DDMEnsemble", "ExpertUnavailable", "HDEEEnsemble", "RemoteExpert", "Sampled", "Scored",
-           "Served", "serve"]
+           "Served", "publish", "replicate", "serve"]

@@ -231,3 +231,25 @@ async def test_ddm_sampling_goes_on_without_an_expert_that_dies(tmp_path):
         assert "c1" in sampled.dropped and torch.isfinite(v).all()
         want = Flow(centres[0])(x, torch.full((16,), 0.5))
         assert torch.allclose(v, want, atol=1e-6)  # every sample re-routed to c0
+
+
+async def test_a_published_expert_is_replicated_by_shard_sync_and_served_by_both(tmp_path):
+    async with AsyncExitStack() as stack:
+        a, b, c = await open_nodes(stack, tmp_path, 3)
+        original, copy = Counting(seed=1), Counting(seed=2)
+        assert not torch.equal(original.linear.weight, copy.linear.weight)
+        await mx.publish(a, original, expert_id="lin", domain="test")
+        await mx.replicate(b, copy, expert_id="lin")
+        assert torch.equal(original.linear.weight, copy.linear.weight)  # the weights came by shard sync
+        info = await b.service("experts").info(b.peer_id, "lin")
+        assert info["domain"] == "test" and len(info["model"]) == 64
+        with trio.fail_after(10):
+            while len(await mx.RemoteExpert(c, "lin").servers()) < 2:  # a fresh look each time
+                await trio.sleep(0.1)
+        x = torch.randn(3, 4)
+        for server in (a, b):
+            outputs, _ = await c.service("experts").call(server.peer_id, "lin", "forward", [x])
+            assert torch.allclose(outputs[0], original.linear(x).detach(), atol=1e-6)
+        await mx.serve(a, Counting(), expert_id="plain")
+        with pytest.raises(ValueError, match="no published model"):
+            await mx.replicate(c, Counting(), expert_id="plain")
