@@ -20,6 +20,8 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
 import trio
 
+from dht.ids import Contact
+
 from .address import HostPort, PeerAddr
 from .identity import Identity, PeerId
 from .peerstore import PeerRecord
@@ -69,6 +71,27 @@ class Service(Protocol):
 
 Lookup = Callable[[PeerId], Awaitable[Sequence[str]]]
 """Where a peer may be dialed: HOST:PORT texts found by asking the network."""
+
+
+MAX_NAME = 128  # characters in a name users give (a training group, an expert)
+
+
+def check_name(value: object, what: str) -> str:
+    """``value`` if it is a usable name (1-128 printable characters); ValueError naming ``what`` otherwise."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME or not value.isprintable():
+        raise ValueError(f"{what} is 1-{MAX_NAME} printable characters, not {value!r:.40}")
+    return value
+
+
+class Providers(Protocol):
+    """Provider records (the DHT service's node, which the root wires in): who has a key.
+    Replicas of a document, holders of a model, members of a training group and servers
+    of an expert find each other through them; a contact carries the provider's
+    addresses as its record gave them."""
+
+    async def provide(self, key: bytes) -> int: ...
+    def unprovide(self, key: bytes) -> None: ...
+    async def find_providers(self, key: bytes, count: int) -> Sequence[Contact]: ...
 
 
 class Route(Protocol):

@@ -23,7 +23,7 @@ import random
 import sqlite3
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator
 
 import trio
 
@@ -32,14 +32,13 @@ from crdt.document import Document, Rejected, Transaction, check_name, doc_id
 from crdt.reconcile import ReconcileError
 from crdt.session import sync_session
 from crdt.store import Store
-from dht.ids import Contact
 from dht.network import DhtError
 from dht.ratelimit import RateLimiter
 
 from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, RpcError, Unavailable
 from ...rpc.args import field
-from ...service import Host, Method
+from ...service import Host, Method, Providers
 from .config import CrdtSection
 from .control import control_methods
 from .replica import WATCH_BUFFER, DocError, Replica, Watcher, describe, parse_ref
@@ -51,14 +50,6 @@ PROVIDER_PREFIX = b"/crdt/"
 RELAY_FANOUT = 3  # peers a change received from another peer is passed on to
 _SYNC_TIMEOUT = 60.0
 _PUSH_TIMEOUT = 10.0
-
-
-class Providers(Protocol):
-    """Provider records (the DHT): how replicas of a document find each other."""
-
-    async def provide(self, key: bytes) -> int: ...
-    def unprovide(self, key: bytes) -> None: ...
-    async def find_providers(self, key: bytes, count: int) -> Sequence[Contact]: ...
 
 
 class Crdt:

@@ -20,17 +20,15 @@ Torch is imported only by the code that touches tensors.
 from __future__ import annotations
 
 import logging
-from typing import Protocol, Sequence
 
 import trio
 
-from dht.ids import Contact
 from dht.network import DhtError
 
 from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound
 from ...rpc.args import field
-from ...service import Host
+from ...service import Host, Providers, check_name
 from .config import ExpertsSection
 from .control import control_methods
 from .served import Served
@@ -39,22 +37,11 @@ from .tensors import from_wire, to_wire
 log = logging.getLogger("meshd.experts")
 
 PROVIDER_PREFIX = b"/expert/"
-MAX_ID = 128
-
-
-class Providers(Protocol):
-    """Provider records (the DHT): how callers find an expert's servers."""
-
-    async def provide(self, key: bytes) -> int: ...
-    def unprovide(self, key: bytes) -> None: ...
-    async def find_providers(self, key: bytes, count: int) -> Sequence[Contact]: ...
 
 
 def check_expert_id(expert_id: object) -> str:
     """``expert_id`` if it is a usable expert id; ValueError otherwise."""
-    if not isinstance(expert_id, str) or not 0 < len(expert_id) <= MAX_ID or not expert_id.isprintable():
-        raise ValueError(f"an expert id is 1-{MAX_ID} printable characters, not {expert_id!r:.40}")
-    return expert_id
+    return check_name(expert_id, "an expert id")
 
 
 class Experts:

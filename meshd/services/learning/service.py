@@ -29,17 +29,15 @@ The round logic lives in :mod:`learn`; the algorithms users call
 from __future__ import annotations
 
 import logging
-from typing import Protocol, Sequence
 
 import trio
 
-from dht.ids import Contact
 from dht.network import DhtError
 
 from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound
 from ...rpc.args import field
-from ...service import Host, Method
+from ...service import Host, Method, Providers, check_name
 from .bulk import METHOD as LANE_METHOD
 from .bulk import Bulk
 from .config import LearningSection
@@ -49,22 +47,11 @@ from .group import Group
 log = logging.getLogger("meshd.learning")
 
 PROVIDER_PREFIX = b"/learn/"
-_MAX_NAME = 128
-
-
-class Providers(Protocol):
-    """Provider records (the DHT): how a group's members find each other."""
-
-    async def provide(self, key: bytes) -> int: ...
-    def unprovide(self, key: bytes) -> None: ...
-    async def find_providers(self, key: bytes, count: int) -> Sequence[Contact]: ...
 
 
 def check_group_name(name: object) -> str:
     """``name`` if it is a usable group name; ValueError otherwise."""
-    if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME or not name.isprintable():
-        raise ValueError(f"a group name is 1-{_MAX_NAME} printable characters, not {name!r:.40}")
-    return name
+    return check_name(name, "a group name")
 
 
 class Learning:

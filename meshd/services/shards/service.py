@@ -26,19 +26,18 @@ import time
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Mapping, Protocol, Sequence
+from typing import AsyncIterator, Callable, Mapping, Protocol
 
 import trio
 
 from crdt.document import ANYONE, Document, Transaction
 from crdt.reconcile import ReconcileError
-from dht.ids import Contact
 from dht.network import DhtError
 
 from ...identity import PeerId
 from ...lane import Lane, LaneError, LaneServer, open_lane
 from ...rpc import InvalidArgument, NotFound, RpcError
-from ...service import Host
+from ...service import Host, Providers
 from .config import ShardsSection
 from .control import control_methods
 from .errors import FetchError
@@ -53,14 +52,6 @@ PROVIDER_PREFIX = b"/shard/"
 MAX_IDS = 64  # chunk ids per shards.chunks request
 _FIRST_BATCH = 2  # chunks a provider is first given; then about a second's worth
 _CALL_TIMEOUT = 120.0
-
-
-class Providers(Protocol):
-    """Provider records (the DHT): who has a model."""
-
-    async def provide(self, key: bytes) -> int: ...
-    def unprovide(self, key: bytes) -> None: ...
-    async def find_providers(self, key: bytes, count: int) -> Sequence[Contact]: ...
 
 
 class Replica(Protocol):
