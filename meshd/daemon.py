@@ -77,7 +77,7 @@ def build_services(host: Node, config: Config, names: Sequence[str]) -> list[Ser
     if "learning" in names:
         built.append(Learning(host, config.learning, providers=dht.node))
     if "experts" in names:
-        built.append(Experts(host, config.experts, providers=dht.node))
+        built.append(Experts(host, config.experts, providers=dht.node, documents=crdt))
     return built
 
 

@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
 import trio
 
+from crdt.document import Document, Transaction
 from dht.ids import Contact
 
 from .address import HostPort, PeerAddr
@@ -81,6 +82,24 @@ def check_name(value: object, what: str) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME or not value.isprintable():
         raise ValueError(f"{what} is 1-{MAX_NAME} printable characters, not {value!r:.40}")
     return value
+
+
+class Replica(Protocol):
+    """One replicated document as a service holds it (the crdt service's replica)."""
+
+    doc: Document
+    peers: dict[PeerId, None]
+    ref: str
+
+
+class Documents(Protocol):
+    """Replicated documents (the crdt service, which the root wires in): where registries
+    live (the models ``shards`` keeps, the experts ``experts`` serves)."""
+
+    def is_own(self, ref: str) -> bool: ...
+    async def open(self, ref: str, *, create: bool = False) -> Replica: ...
+    def write(self, replica: Replica, fill: Callable[[Transaction], None]) -> object: ...
+    async def sync(self, replica: Replica, peer: PeerId) -> dict: ...
 
 
 class Providers(Protocol):

@@ -1,8 +1,9 @@
 """``meshctl experts ...``: the experts this node serves, any expert's servers, one call for debugging.
 
 Experts are torch modules that scripts serve on the mesh
-(``meshd.experts.serve``); ``ls`` shows those this node serves and, with
-``--find ID``, where the DHT finds others.  ``call`` sends one request
+(``meshd.experts.serve``); ``ls`` shows those this node serves, with
+``--all`` every expert the registry document lists (``[experts] registry``),
+and with ``--find ID`` where the DHT finds one.  ``call`` sends one request
 through this node, e.g. ``meshctl experts call c0 '[[0.1, 0.2]]' '[0.5]'``
 (one JSON array per input tensor, float32 unless ``--dtype`` says
 otherwise; ``lm`` experts take ``--op score --dtype int64``).  No torch is
@@ -73,7 +74,7 @@ def unpack(tensor: dict) -> list:
 
 
 async def cmd_ls(client: meshd.Client, args) -> object:
-    rows = await client.experts_ls(args.find)
+    rows = await client.experts_ls(args.find, all=args.all)
     shown = [{**r, "servers": len(r.get("servers", [])), "queued": (r.get("load") or {}).get("queued"),
               "calls": (r.get("load") or {}).get("calls"), "ms/batch": _ms((r.get("load") or {}).get("ms_per_batch"))}
              for r in rows]
@@ -108,6 +109,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     add = command_group(sub, common, "experts", "experts served on the mesh: ls, call", __doc__)
     p = add("ls", cmd_ls, "experts this node serves (and, with --find, any expert's servers)")
     p.add_argument("--find", action="append", default=[], metavar="ID", help="also look this expert up (repeatable)")
+    p.add_argument("--all", action="store_true", help="also every expert the registry document lists")
     p = add("call", cmd_call, "one call to an expert, for debugging")
     p.add_argument("expert")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="one JSON array per input tensor")

@@ -6,10 +6,11 @@ from .base import ControlClient
 
 
 class ExpertsMethods(ControlClient):
-    async def experts_ls(self, find: list[str] | None = None) -> list[dict]:
-        """The experts this node serves (id, kind, domain, params, model, load); with
-        ``find``, also those ids as the DHT finds them (servers, and what the first says)."""
-        return (await self.request("experts.ls", {"find": list(find or [])}))["experts"]
+    async def experts_ls(self, find: list[str] | None = None, *, all: bool = False) -> list[dict]:
+        """The experts this node serves (id, kind, domain, params, model, load); with ``all``,
+        also every other expert the registry document lists; with ``find``, also those ids
+        as the DHT finds them (servers, and what the first says)."""
+        return (await self.request("experts.ls", {"find": list(find or []), "all": all}))["experts"]
 
     async def experts_call(self, expert: str, inputs: list[dict], *, op: str = "forward",
                            peer: str | None = None) -> dict:

@@ -253,3 +253,31 @@ async def test_a_published_expert_is_replicated_by_shard_sync_and_served_by_both
         await mx.serve(a, Counting(), expert_id="plain")
         with pytest.raises(ValueError, match="no published model"):
             await mx.replicate(c, Counting(), expert_id="plain")
+
+
+async def test_served_experts_are_listed_in_a_shared_registry_document(tmp_path):
+    async with AsyncExitStack() as stack:
+        [a] = await open_nodes(stack, tmp_path / "a", 1)
+        shared = Config()
+        shared.experts.registry = f"{a.peer_id}/experts"  # b writes to a's registry
+        [b] = await open_nodes(stack, tmp_path / "b", 1, shared)
+        await b.connect(a.address)
+        await mx.serve(a, Counting(), expert_id="lin", domain="test")
+        listing = await a.service("experts").registry()
+        assert listing["lin"]["about"]["domain"] == "test" and list(listing["lin"]["servers"]) == [str(a.peer_id)]
+        experts_a = a.service("experts")
+        replica = await experts_a._registry()
+        a.service("crdt").write(replica, lambda tx: tx.grant(b.peer_id.key, "writer"))
+        await mx.serve(b, Counting(), expert_id="flow", kind="flow")
+        control = a.service("experts").control_methods()
+        with trio.fail_after(10):
+            while True:
+                rows = {r["expert"]: r for r in (await control["experts.ls"]({"all": True}, None))["experts"]}
+                if "flow" in rows:
+                    break
+                await trio.sleep(0.1)
+        assert rows["flow"]["kind"] == "flow" and rows["flow"]["servers"] == [str(b.peer_id)]
+        a.service("experts").unserve("lin")
+        with trio.fail_after(5):
+            while (await experts_a.registry())["lin"].get("servers"):
+                await trio.sleep(0.05)

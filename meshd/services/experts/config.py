@@ -13,3 +13,4 @@ class ExpertsSection:
     max_queue_per_peer: int = 64  # ... of them from one peer
     call_timeout: float = 30.0  # how long a caller waits for an answer, and a call waits in a queue
     refresh_interval: float = 30.0  # seconds before a caller looks up an expert's servers again
+    registry: str = ""  # document listing experts (NAME or PEERID/NAME); "" = this node's "experts"

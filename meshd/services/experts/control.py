@@ -10,10 +10,17 @@ from ...rpc.args import field, peer_field
 
 def control_methods(service) -> dict:
     async def ls(arg, ctx) -> dict:
-        """Experts served here, with their load; with ``find`` (a list of ids), also
-        the servers the DHT names for each and what they say of it."""
+        """Experts served here, with their load; with ``all``, every other expert the
+        registry document lists; with ``find`` (a list of ids), also the servers the
+        DHT names for each and what they say of it."""
         rows = [{**s.info, "load": s.load(), "servers": [str(service.host.peer_id)]}
                 for s in service.served.values()]
+        if isinstance(arg, dict) and arg.get("all"):  # every expert the registry lists
+            for expert_id, entry in sorted((await service.registry()).items()):
+                if expert_id not in service.served:
+                    about = entry.get("about") if isinstance(entry.get("about"), dict) else {}
+                    servers = entry.get("servers") if isinstance(entry.get("servers"), dict) else {}
+                    rows.append({**about, "expert": expert_id, "servers": sorted(servers)})
         for expert_id in (field(arg, "find", list) if isinstance(arg, dict) and "find" in arg else []):
             if not isinstance(expert_id, str) or expert_id in service.served:
                 continue

@@ -11,6 +11,12 @@ and answers two peer methods:
 * ``experts.info`` ``{"expert"}`` → what the expert is (kind, domain,
   parameters, model id) and how loaded its server is.
 
+With the ``crdt`` service on, every expert served is also written to a
+replicated registry document (``experts.registry``: this node's
+``experts`` by default, or a shared one whose owner granted this node
+``writer``): its kind, domain, model id, parameters and the peers serving
+it, so ``meshctl experts ls --all`` lists every expert the registry knows.
+
 Callers find an expert's servers with :meth:`Experts.servers` and call one
 with :meth:`Experts.call`; :class:`~.remote.RemoteExpert` chooses among them,
 hedges and retries, and the ensembles (:mod:`.ensembles`) mix experts.
@@ -20,15 +26,18 @@ Torch is imported only by the code that touches tensors.
 from __future__ import annotations
 
 import logging
+import time
 
 import trio
 
+from crdt.document import ANYONE
+from crdt.reconcile import ReconcileError
 from dht.network import DhtError
 
 from ...identity import PeerId
-from ...rpc import InvalidArgument, NotFound
+from ...rpc import InvalidArgument, NotFound, RpcError
 from ...rpc.args import field
-from ...service import Host, Providers, check_name
+from ...service import Documents, Host, Providers, check_name
 from .config import ExpertsSection
 from .control import control_methods
 from .served import Served
@@ -49,10 +58,12 @@ class Experts:
 
     name = "experts"
 
-    def __init__(self, host: Host, config: ExpertsSection, *, providers: Providers):
+    def __init__(self, host: Host, config: ExpertsSection, *, providers: Providers,
+                 documents: Documents | None = None):
         self.host = host
         self.config = config
         self._providers = providers
+        self._docs = documents
         self.served: dict[str, Served] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
         self._addresses: dict[bytes, tuple[str, ...]] = {}  # peer key -> addresses its provider record gave
@@ -106,6 +117,13 @@ class Experts:
             await self._providers.provide(PROVIDER_PREFIX + expert_id.encode())
         except DhtError as exc:
             log.info("expert %s: not announced yet (%s); the DHT retries", expert_id, exc)
+        about = {k: v for k, v in info.items() if k != "expert" and v is not None}
+
+        def register(tx) -> None:
+            tx.set([expert_id, "about"], about)
+            tx.set([expert_id, "servers", str(self.host.peer_id)], {"since": time.time()})
+
+        await self._write_registry(register)
         return served
 
     def unserve(self, expert_id: str) -> None:
@@ -113,6 +131,48 @@ class Experts:
         if self.served.pop(expert_id, None) is not None:
             self._scopes.pop(expert_id).cancel()
             self._providers.unprovide(PROVIDER_PREFIX + expert_id.encode())
+            if self._nursery is not None:
+                me = str(self.host.peer_id)
+                self._nursery.start_soon(self._write_registry, lambda tx: tx.delete([expert_id, "servers", me]))
+
+    # --- the registry ----------------------------------------------------------------------
+
+    async def _registry(self):
+        """The registry document (created, readable by anyone, if it is ours and new), or None
+        without the crdt service."""
+        if self._docs is None:
+            return None
+        ref = self.config.registry or "experts"
+        ours = self._docs.is_own(ref)
+        replica = await self._docs.open(ref, create=ours)
+        if ours and len(replica.doc) == 0:
+            self._docs.write(replica, lambda tx: tx.grant(ANYONE, "reader"))
+        return replica
+
+    async def _write_registry(self, fill) -> None:
+        """Write to the registry; a node the registry's owner did not let write just logs it
+        (callers still find its experts through the DHT)."""
+        try:
+            replica = await self._registry()
+            if replica is not None:
+                self._docs.write(replica, fill)
+        except (RpcError, ValueError, ReconcileError) as exc:
+            log.info("experts registry: not written (%s)", exc)
+
+    async def registry(self) -> dict:
+        """What the registry lists: expert id -> {"about": kind, domain, model, params, ...,
+        "servers": {peer: {"since": time}}}, brought up to date with its replicas once."""
+        replica = await self._registry()
+        if replica is None:
+            return {}
+        for peer in list(replica.peers):
+            try:
+                with trio.move_on_after(5):
+                    await self._docs.sync(replica, peer)
+            except (RpcError, ReconcileError, OSError) as exc:
+                log.debug("experts registry: no sync with %s (%s)", peer.short(), exc)
+        listing = replica.doc.get([]) or {}
+        return {k: v for k, v in listing.items() if isinstance(v, dict)}
 
     def _served(self, arg: object) -> Served:
         expert_id = field(arg, "expert", str)

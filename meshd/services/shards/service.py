@@ -26,18 +26,18 @@ import time
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Mapping, Protocol
+from typing import AsyncIterator, Callable, Mapping
 
 import trio
 
-from crdt.document import ANYONE, Document, Transaction
+from crdt.document import ANYONE
 from crdt.reconcile import ReconcileError
 from dht.network import DhtError
 
 from ...identity import PeerId
 from ...lane import Lane, LaneError, LaneServer, open_lane
 from ...rpc import InvalidArgument, NotFound, RpcError
-from ...service import Host, Providers
+from ...service import Documents, Host, Providers
 from .config import ShardsSection
 from .control import control_methods
 from .errors import FetchError
@@ -52,21 +52,6 @@ PROVIDER_PREFIX = b"/shard/"
 MAX_IDS = 64  # chunk ids per shards.chunks request
 _FIRST_BATCH = 2  # chunks a provider is first given; then about a second's worth
 _CALL_TIMEOUT = 120.0
-
-
-class Replica(Protocol):
-    doc: Document
-    peers: dict[PeerId, None]
-    ref: str
-
-
-class Documents(Protocol):
-    """Replicated documents (the crdt service): where the model registry lives."""
-
-    def is_own(self, ref: str) -> bool: ...
-    async def open(self, ref: str, *, create: bool = False) -> Replica: ...
-    def write(self, replica: Replica, fill: Callable[[Transaction], None]) -> object: ...
-    async def sync(self, replica: Replica, peer: PeerId) -> dict: ...
 
 
 @dataclass
