@@ -31,7 +31,7 @@ def control_methods(service) -> dict:
                     with trio.fail_after(5):
                         row |= {k: v for k, v in (await service.info(peer, expert_id)).items() if k != "expert"}
                 except (RpcError, trio.TooSlowError, OSError) as exc:
-                    row["error"] = str(exc)
+                    row["error"] = str(exc) or f"{type(exc).__name__} (no answer in 5 s)"
             rows.append(row)
         return {"experts": rows}
 

@@ -228,8 +228,7 @@ class Experts:
             with trio.fail_after(timeout):
                 return await served.call(peer.key, op, list(inputs), timeout=timeout)
         with trio.fail_after(timeout):
-            if self.host.live(peer) is None:  # dial where its provider record says, not by a lookup
-                await self.host.connection(peer, hints=self._addresses.get(peer.key, ()))
+            await self._reach(peer)
             reply = await self.host.rpc.call(peer, "experts.call",
                                              {"expert": expert_id, "op": op, "inputs": to_wire(inputs)},
                                              timeout=timeout)
@@ -240,11 +239,20 @@ class Experts:
             raise InvalidArgument("a reply names the rows of its batch")
         return outputs, batch
 
+    async def _reach(self, peer: PeerId) -> None:
+        """Dial ``peer`` at the addresses its provider record gave, unless connected: a server
+        that started a moment ago may not have its own record in the DHT yet, and a dial by
+        id alone would fail."""
+        if self.host.live(peer) is None:
+            await self.host.connection(peer, hints=self._addresses.get(peer.key, ()))
+
     async def info(self, peer: PeerId, expert_id: str, *, timeout: float = 5.0) -> dict:
         """What ``peer`` says of expert ``expert_id`` (kind, domain, params, model, load)."""
         if peer.key == self.host.peer_id.key:
             return await self._serve_info({"expert": expert_id}, None)
-        reply = await self.host.rpc.call(peer, "experts.info", {"expert": expert_id}, timeout=timeout)
+        with trio.fail_after(timeout):
+            await self._reach(peer)
+            reply = await self.host.rpc.call(peer, "experts.info", {"expert": expert_id}, timeout=timeout)
         if not isinstance(reply, dict):
             raise InvalidArgument("an expert's info is a map")
         return reply
