@@ -281,3 +281,21 @@ async def test_served_experts_are_listed_in_a_shared_registry_document(tmp_path)
         with trio.fail_after(5):
             while (await experts_a.registry())["lin"].get("servers"):
                 await trio.sleep(0.05)
+
+
+async def test_an_hdee_prior_estimated_on_held_out_text_weighs_the_expert_that_fits_it(tmp_path):
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 3)
+        good, poor = TinyLM(1), TinyLM(2)
+        with torch.no_grad():  # "good" puts most of its mass on token 3 whatever came before
+            good.head.bias.zero_()
+            good.head.bias[3] = 8.0
+        await mx.serve(nodes[0], good, expert_id="good", kind="lm")
+        await mx.serve(nodes[1], poor, expert_id="poor", kind="lm")
+        ens = mx.HDEEEnsemble(nodes[2], ["good", "poor"])
+        held_out = [torch.tensor([3] * 12), torch.tensor([1] + [3] * 9)]
+        prior = await ens.estimate_prior(held_out)
+        assert set(prior) == {"good", "poor"} and abs(sum(prior.values()) - 1) < 1e-9
+        assert prior["good"] > 0.99 and ens.prior == prior
+        scored = await ens.score(torch.tensor([3, 3]))
+        assert scored.log_weights[0, 0].exp() > 0.99  # the first token already leans on the prior

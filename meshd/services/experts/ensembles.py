@@ -97,6 +97,26 @@ class HDEEEnsemble:
         return Scored(mix.float(), log_w.float(), answered, dropped,
                       {e: answers[e][1][0] for e in answered})
 
+    async def estimate_prior(self, sequences: list[torch.Tensor]) -> dict[str, float]:
+        """HDEE's cached prior: score each held-out sequence (int64 [T]) with the ensemble,
+        take the posterior each ended with (an expert that did not answer one has weight 0
+        there), average over the sequences (:func:`experts.hdee.estimate_prior`), and use
+        that as this ensemble's prior from now on.  Returns it (probabilities by expert)."""
+        if not sequences:
+            raise ValueError("estimating a prior needs held-out sequences")
+        saved, self.prior = self.prior, "uniform"  # each sequence's posterior, from a uniform start
+        finals = []
+        try:
+            for ids in sequences:
+                await self.score(ids)
+                finals.append([math.log(self.weights[e]) if self.weights.get(e, 0) > 0 else -math.inf
+                               for e in self.expert_ids])
+        finally:
+            self.prior = saved
+        log_prior = hdee.estimate_prior(torch.tensor(finals, dtype=torch.float64))
+        self.prior = dict(zip(self.expert_ids, log_prior.exp().tolist()))
+        return self.prior
+
     async def next_token_logprobs(self, context: torch.Tensor) -> tuple[torch.Tensor, Scored]:
         """The mixture's log-distribution of the token after ``context`` (int64 [T],
         T >= 2), each expert weighted by its posterior after the whole context;
