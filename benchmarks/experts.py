@@ -23,7 +23,9 @@ part, each with its comparison from the same run:
   (MMD between two held-out draws of the data).  MMD² to held-out data
   (``experts_kit.mmd``), and the expert rows each mode evaluated.
 * **faults**: DDM sampling (top2) where one expert's node stops halfway:
-  the run completes, says which expert it dropped, and its MMD.
+  the run completes, says which expert it dropped, and its MMD; and HDEE
+  decoding (next-token distributions of a growing text) over 3 LM experts
+  on their own nodes, one of which stops halfway (``hdee-faults``).
 * **hdee**: character-level LMs (a GRU over bytes) on three text domains
   (Python stdlib source, Debian licence texts, Debian changelogs) and man
   pages for evaluation only: a seed model on the mix branched per domain,
@@ -280,6 +282,36 @@ async def faults(args, root: Path, models: dict) -> list[dict]:
                        f"({why[:80]})"}]
 
 
+async def hdee_faults(args, root: Path) -> list[dict]:
+    """HDEE decoding (scoring growing prefixes of a text, as a decoder does token by token)
+    over 3 LM experts, each on its own node, where one node stops halfway."""
+    from meshd.testing import experts_kit as kit
+
+    torch.set_num_threads(1)
+    text = kit.encode(kit.domain_text("licenses", 20_000))[:200]
+    async with AsyncExitStack() as stack:
+        [first] = await open_nodes(stack, root / "hdee-faults", 1)
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        servers = []
+        for i, name in enumerate(("code", "licenses", "changelogs")):
+            node, scope = await nursery.start(node_until_cancelled, root / "hdee-faults" / name, str(first.address))
+            await mx.serve(node, kit.CharLM(width=32, seed=i).eval(), expert_id=f"lm-{name}", kind="lm")
+            servers.append(scope)
+        ens = mx.HDEEEnsemble(first, ["lm-code", "lm-licenses", "lm-changelogs"])
+        answered, dropped, steps = [], {}, 20
+        started = time.perf_counter()
+        for step in range(steps):
+            if step == steps // 2:
+                servers[1].cancel()  # the node serving lm-licenses stops
+            _, scored = await ens.next_token_logprobs(text[:10 * (step + 1) + 2])
+            answered.append(len(scored.answered))
+            dropped.update(scored.dropped)
+        nursery.cancel_scope.cancel()
+    return [{"part": "faults", "what": f"HDEE decoding, 3 experts, lm-licenses' node stopped at step {steps // 2} "
+             f"of {steps}", "detail": f"completed in {time.perf_counter() - started:.1f} s; experts answering per "
+             f"step {answered}; dropped {sorted(dropped)}"}]
+
+
 # --- HDEE: character-level LM experts per text domain --------------------------------------------------
 
 
@@ -425,7 +457,8 @@ def main() -> int:
             return run
 
         parts = [("serving", lambda: trio.run(serving, args, root)), ("ddm", with_models(ddm)),
-                 ("faults", with_models(faults)), ("hdee", lambda: trio.run(hdee, args, root))]
+                 ("faults", with_models(faults)), ("hdee-faults", lambda: trio.run(hdee_faults, args, root)),
+                 ("hdee", lambda: trio.run(hdee, args, root))]
         rows, rc = run_parts(parts, args.skip, lambda name, msg: {"part": name, "what": "FAILED", "detail": msg},
                              {"part": "-", "what": "interrupted"})
     columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "mmd2", "evals", "bpc", "detail"]

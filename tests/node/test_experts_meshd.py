@@ -299,3 +299,23 @@ async def test_an_hdee_prior_estimated_on_held_out_text_weighs_the_expert_that_f
         assert prior["good"] > 0.99 and ens.prior == prior
         scored = await ens.score(torch.tensor([3, 3]))
         assert scored.log_weights[0, 0].exp() > 0.99  # the first token already leans on the prior
+
+
+class SlowLM(TinyLM):
+    def forward(self, ids):
+        time.sleep(3.0)  # in the serving worker thread
+        return super().forward(ids)
+
+
+async def test_an_expert_far_slower_than_the_others_is_dropped_from_the_mixture(tmp_path):
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 3)
+        await mx.serve(nodes[0], TinyLM(1), expert_id="fast", kind="lm")
+        await mx.serve(nodes[1], SlowLM(2), expert_id="slow", kind="lm")
+        ens = mx.HDEEEnsemble(nodes[2], ["fast", "slow"])
+        await mx.RemoteExpert(nodes[2], "slow").servers()  # found, so the wait below is the call's
+        started = trio.current_time()
+        scored = await ens.score(torch.tensor([1, 2, 3, 4]))
+        assert trio.current_time() - started < 2.5  # not the slow expert's 3 s, nor the 30 s call timeout
+        assert scored.answered == ["fast"] and "dropped as slow" in scored.dropped["slow"]
+        assert ens.experts["slow"].stats.failures(nodes[1].peer_id) == 1  # backed off: the next step does not wait

@@ -31,20 +31,45 @@ class Scored:
     last: dict[str, torch.Tensor] = field(default_factory=dict)  # expert -> log-distribution of the next token [V]
 
 
+STRAGGLER_FACTOR = 4.0  # an expert still silent this many times the first answer's wait after the call ...
+STRAGGLER_MIN = 1.0  # ... and at least this many seconds after it, is dropped from the step as slow
+
+
 async def _gather(calls: dict[str, object]) -> tuple[dict[str, object], dict[str, str]]:
-    """Await every ``calls[name]()`` concurrently: (answers by name, failures by name)."""
+    """Await every ``calls[name]()`` concurrently: (answers by name, failures by name).
+
+    Once the first answer is in after w seconds, the others get until
+    max(:data:`STRAGGLER_MIN`, :data:`STRAGGLER_FACTOR` × w) after the calls
+    began; one still silent then is dropped as slow (its :class:`RemoteExpert`
+    counts the failure and backs off from that server, so a dead expert costs
+    the ensemble one wait, not one per step)."""
     answers: dict[str, object] = {}
     failures: dict[str, str] = {}
+    started, first, left = trio.current_time(), trio.Event(), len(calls)
 
     async def one(name: str, call) -> None:
+        nonlocal left
         try:
             answers[name] = await call()
+            first.set()
         except ExpertUnavailable as exc:
             failures[name] = str(exc)
+        left -= 1
+        if not left:
+            nursery.cancel_scope.cancel()  # all in: the straggler watch is not needed
+
+    async def watch() -> None:
+        await first.wait()
+        await trio.sleep_until(started + max(STRAGGLER_MIN, STRAGGLER_FACTOR * (trio.current_time() - started)))
+        nursery.cancel_scope.cancel()
 
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
         for name, call in calls.items():
             nursery.start_soon(one, name, call)
+    for name in calls:
+        if name not in answers and name not in failures:
+            failures[name] = f"no answer by {trio.current_time() - started:.1f} s, long after the others: dropped as slow"
     return answers, failures
 
 

@@ -2,8 +2,9 @@
 
 :class:`RemoteExpert` looks up the peers serving an expert (the DHT, again
 every ``refresh_interval``), orders them by measured latency
-(:class:`experts.servers.Servers`: EWMA per server, failed ones backed off),
-and calls the first.  If it has not answered within the hedge delay (1.5×
+(:class:`experts.servers.Servers`: EWMA per server; one that failed is not
+asked again until its back-off ends, so a dead expert costs an ensemble one
+failed call, not one per request), and calls the first.  If it has not answered within the hedge delay (1.5×
 the 95th percentile of recent calls) the next one is asked too, and the
 first answer wins; a server that fails is dropped from this call and the
 next is asked at once.  Every answer and failure is measured, so the next
@@ -85,24 +86,31 @@ class RemoteExpert:
     async def call(self, *inputs, op: str | None = None) -> Answer:
         """Ask the servers in order of measured latency, hedged and retried (see the module)."""
         servers = await self.servers()
-        order = self.stats.order(servers, trio.current_time())
-        if not order:
+        now = trio.current_time()
+        order = [s for s in self.stats.order(servers, now) if not self.stats.backing_off(s, now)]
+        if not order:  # none, or each failed just now: do not wait on them again until the back-off ends
             self._servers = []  # look again next time
-            raise ExpertUnavailable(f"nobody serves expert {self.expert_id!r}")
+            why = "every server failed lately" if servers else "nobody serves it"
+            raise ExpertUnavailable(f"expert {self.expert_id!r}: {why}")
         failures: dict[PeerId, str] = {}
         won: list[Answer] = []
         next_server = trio.Event()  # set: ask the next server now (one failed, or the hedge delay passed)
 
         async def attempt(peer: PeerId, asked: int, cancel: trio.CancelScope) -> None:
-            started = trio.current_time()
+            started, ended = trio.current_time(), False
             try:
                 outputs, batch = await self._service.call(peer, self.expert_id, op or self.op, list(inputs),
                                                           timeout=self.timeout)
+                ended = True
             except (RpcError, trio.TooSlowError, OSError) as exc:
+                ended = True
                 self.stats.observe(peer, trio.current_time() - started, False, trio.current_time())
                 failures[peer] = str(exc) or type(exc).__name__
                 next_server.set()
                 return
+            finally:
+                if not ended and not won:  # cut off with no answer (the deadline, or the caller gave up):
+                    self.stats.observe(peer, trio.current_time() - started, False, trio.current_time())  # failed
             seconds = trio.current_time() - started
             self.stats.observe(peer, seconds, True, trio.current_time())
             if not won:
