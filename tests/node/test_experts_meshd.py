@@ -22,7 +22,7 @@ from meshnodes import open_nodes
 import meshd.experts as mx
 from experts import ddm, hdee
 from meshd import Config
-from meshd.rpc import InvalidArgument, NotFound, ResourceExhausted, RpcError
+from meshd.rpc import DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, RpcError
 
 
 class Counting(torch.nn.Module):
@@ -319,3 +319,29 @@ async def test_an_expert_far_slower_than_the_others_is_dropped_from_the_mixture(
         assert trio.current_time() - started < 2.5  # not the slow expert's 3 s, nor the 30 s call timeout
         assert scored.answered == ["fast"] and "dropped as slow" in scored.dropped["slow"]
         assert ens.experts["slow"].stats.failures(nodes[1].peer_id) == 1  # backed off: the next step does not wait
+
+
+async def test_a_call_the_expert_cannot_get_to_in_time_is_deadline_exceeded_and_shapes_leave_no_state(tmp_path):
+    config = Config()
+    config.experts.call_timeout = 0.5
+    async with AsyncExitStack() as stack:
+        a, b = await open_nodes(stack, tmp_path, 2, config)
+        module = Counting(delay=1.0)
+        served = await mx.serve(a, module, expert_id="slow", max_batch=1, max_wait_ms=0)
+        outcomes = []
+
+        async def one(rows: int):
+            try:
+                await b.service("experts").call(a.peer_id, "slow", "forward", [torch.randn(rows, 4)], timeout=5)
+                outcomes.append("ok")
+            except DeadlineExceeded as exc:
+                outcomes.append(str(exc))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, 1)
+            await trio.to_thread.run_sync(module.started.wait)  # the first call is in the module
+            nursery.start_soon(one, 2)  # waits behind it past the server's call_timeout
+        assert any("did not get to this call" in o for o in outcomes)
+        with trio.fail_after(5):
+            while served._batchers:  # the per-shape batchers go once empty
+                await trio.sleep(0.05)

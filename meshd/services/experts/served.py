@@ -31,7 +31,7 @@ import trio
 
 from experts.batching import Batcher
 
-from ...rpc import InvalidArgument, ResourceExhausted, RpcError
+from ...rpc import DeadlineExceeded, InvalidArgument, ResourceExhausted, RpcError
 
 log = logging.getLogger("meshd.experts")
 
@@ -101,6 +101,8 @@ class Served:
         try:
             with trio.fail_after(timeout):
                 await call.done.wait()
+        except trio.TooSlowError:
+            raise DeadlineExceeded(f"expert {self.expert_id} did not get to this call within {timeout:g} s") from None
         finally:
             if not call.done.is_set():
                 call.abandoned = True  # the batch that holds it skips it
@@ -120,6 +122,8 @@ class Served:
         """Run batches as they fill or fall due, one at a time (the oldest call's first), until cancelled."""
         while True:
             now = trio.current_time()
+            for signature in [s for s, b in self._batchers.items() if not b.pending]:
+                del self._batchers[signature]  # a batcher per input shape that waits: bounded by the queue
             ready = [b for b in self._batchers.values() if b.ready(now)]
             if ready:
                 await self._run(min(ready, key=lambda b: b.oldest()).take(now))
