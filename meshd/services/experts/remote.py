@@ -89,7 +89,6 @@ class RemoteExpert:
         now = trio.current_time()
         order = [s for s in self.stats.order(servers, now) if not self.stats.backing_off(s, now)]
         if not order:  # none, or each failed just now: do not wait on them again until the back-off ends
-            self._servers = []  # look again next time
             why = "every server failed lately" if servers else "nobody serves it"
             raise ExpertUnavailable(f"expert {self.expert_id!r}: {why}")
         failures: dict[PeerId, str] = {}
