@@ -160,7 +160,7 @@ class Sampled:
     x: torch.Tensor  # [n, D] the samples
     rows: dict[str, int]  # expert -> rows it evaluated (a row is one sample at one step)
     calls: dict[str, int]  # expert -> calls made to it
-    dropped: dict[str, str] = field(default_factory=dict)  # expert -> why it was left out (from then on)
+    dropped: dict[str, str] = field(default_factory=dict)  # expert -> why it was last left out of a step
 
 
 class DDMEnsemble:
@@ -168,8 +168,10 @@ class DDMEnsemble:
     (kind ``router``: logits over the experts given ``(x, t)``) at every
     sampling step: ``mode`` full (router-weighted sum), ``top1``, ``topk``
     (``top_k`` experts per sample) or ``uniform`` (no router).  Each expert is
-    sent only the samples it carries weight for; an expert that fails is
-    left out from then on and its samples re-routed among the others."""
+    sent only the samples it carries weight for; an expert that fails (or is
+    far slower than the others) is left out of that step and its samples
+    re-routed among the others in the same step; the next step asks it again
+    (a dead one's :class:`RemoteExpert` then fails at once while it backs off)."""
 
     def __init__(self, node, experts: list[str], router: str | None, *, mode: str = "full", top_k: int = 2,
                  timeout: float | None = None):
@@ -182,7 +184,6 @@ class DDMEnsemble:
         self.expert_ids, self.mode, self.top_k = list(experts), mode, top_k
         self.experts = [RemoteExpert(node, e, timeout=timeout) for e in experts]
         self.router = RemoteExpert(node, router, timeout=timeout) if mode != "uniform" else None
-        self.dead: dict[int, str] = {}
 
     async def velocity(self, x: torch.Tensor, t: float, sampled: Sampled) -> torch.Tensor:
         """The ensemble's velocity at ``x`` ([B, D]) and time ``t``; counts calls in ``sampled``."""
@@ -193,15 +194,16 @@ class DDMEnsemble:
             raise ValueError(f"the router gave logits of shape {list(logits.shape)}, not [{batch}, {k}]")
         mode = "full" if self.mode == "uniform" else self.mode  # uniform: equal logits, full softmax over the live
         outputs: dict[int, torch.Tensor] = {}
+        dead: dict[int, str] = {}  # experts out of this step (a dead one's RemoteExpert then fails fast, backing off)
         done = {i: torch.zeros(batch, dtype=torch.bool) for i in range(k)}
         weights = None
         for _ in range(k + 1):  # each pass that asks again has lost an expert: k + 1 passes settle it
-            if len(self.dead) == k:
-                raise ExpertUnavailable(f"every expert failed: {self.dead}")
+            if len(dead) == k:
+                raise ExpertUnavailable(f"every expert failed: {dead}")
             masked = logits.clone()
-            masked[:, list(self.dead)] = -math.inf
-            weights = ddm.route(masked, mode, min(self.top_k, k - len(self.dead)))
-            todo = {i: (weights[:, i] > 0) & ~done[i] for i in range(k) if i not in self.dead}
+            masked[:, list(dead)] = -math.inf
+            weights = ddm.route(masked, mode, min(self.top_k, k - len(dead)))
+            todo = {i: (weights[:, i] > 0) & ~done[i] for i in range(k) if i not in dead}
             todo = {i: rows for i, rows in todo.items() if rows.any()}
             if not todo:
                 break
@@ -211,13 +213,13 @@ class DDMEnsemble:
                 name = self.expert_ids[i]
                 sampled.calls[name] = sampled.calls.get(name, 0) + 1
                 if i in failures:
-                    self.dead[i] = sampled.dropped[name] = failures[i]
+                    dead[i] = sampled.dropped[name] = failures[i]
                     continue
                 sampled.rows[name] = sampled.rows.get(name, 0) + int(rows.sum())
                 out = outputs.setdefault(i, torch.zeros_like(x))
                 out[rows] = answers[i].to(x.dtype)
                 done[i] |= rows
-        return ddm.combine(weights, {i: o for i, o in outputs.items() if i not in self.dead})[0]
+        return ddm.combine(weights, {i: o for i, o in outputs.items() if i not in dead})[0]
 
     async def sample(self, n: int, dim: int, *, steps: int = 100, seed: int = 0) -> Sampled:
         """``n`` samples: Euler from noise (t = 0) to data (t = 1) in ``steps`` steps."""
