@@ -97,13 +97,20 @@ async def test_bad_calls_get_clear_errors_and_the_expert_serves_on(tmp_path):
         assert reply["batch"] == 1 and reply["outputs"][0]["shape"] == [1, 3]
 
 
-async def test_a_full_queue_refuses_new_calls(tmp_path):
+async def slow_expert(stack: AsyncExitStack, tmp_path, delay: float, **experts) -> tuple:
+    """Nodes a and b, a serving ``slow`` (a Counting that takes ``delay`` s, one row a batch) with
+    the [experts] keys ``experts``: (a, b, the module, its Served)."""
     config = Config()
-    config.experts.max_queue = 2
+    for key, value in experts.items():
+        setattr(config.experts, key, value)
+    a, b = await open_nodes(stack, tmp_path, 2, config)
+    module = Counting(delay=delay)
+    return a, b, module, await mx.serve(a, module, expert_id="slow", max_batch=1, max_wait_ms=0)
+
+
+async def test_a_full_queue_refuses_new_calls(tmp_path):
     async with AsyncExitStack() as stack:
-        a, b = await open_nodes(stack, tmp_path, 2, config)
-        module = Counting(delay=0.5)
-        await mx.serve(a, module, expert_id="slow", max_batch=1, max_wait_ms=0)
+        a, b, module, _ = await slow_expert(stack, tmp_path, 0.5, max_queue=2)
         x = torch.randn(1, 4)
         outcomes = []
 
@@ -322,12 +329,8 @@ async def test_an_expert_far_slower_than_the_others_is_dropped_from_the_mixture(
 
 
 async def test_a_call_the_expert_cannot_get_to_in_time_is_deadline_exceeded_and_shapes_leave_no_state(tmp_path):
-    config = Config()
-    config.experts.call_timeout = 0.5
     async with AsyncExitStack() as stack:
-        a, b = await open_nodes(stack, tmp_path, 2, config)
-        module = Counting(delay=1.0)
-        served = await mx.serve(a, module, expert_id="slow", max_batch=1, max_wait_ms=0)
+        a, b, module, served = await slow_expert(stack, tmp_path, 1.0, call_timeout=0.5)
         outcomes = []
 
         async def one(rows: int):
