@@ -30,6 +30,7 @@ from .storage import Database, ProviderStore, RecordStore
 
 log = logging.getLogger("dht")
 _MAX_FAILED = 4096  # nodes remembered as recently failed
+MAX_PROVIDER_ADDRS = 4096  # providers whose addresses are remembered for dialing them
 
 
 @dataclass
@@ -104,6 +105,7 @@ class DhtNode:
         self._shared: dict[tuple, _Shared] = {}
         self._provided: dict[bytes, float] = {}  # key -> when to republish (trio time)
         self._failed: dict[bytes, float] = {}  # public key -> when it last failed a query
+        self._provider_addrs: dict[bytes, tuple[str, ...]] = {}  # public key -> addresses a provider entry gave
         self._nursery: trio.Nursery | None = None
         if db is not None:
             for contact in db.load_contacts():
@@ -241,7 +243,9 @@ class DhtNode:
 
         Always asks the network (a peer that moved is still in our table at
         its old address): the nodes nearest its id report the addresses they
-        have, which come first; our own table's come last.
+        have, which come first; then our own table's; last, those a provider
+        entry of it gave in a provider lookup (a node that started a moment
+        ago is a provider before the network has its contact).
         """
         wanted = Contact(public_key)
         reported: dict[str, None] = {}
@@ -255,7 +259,8 @@ class DhtNode:
 
         await self._lookup(wanted.id, FIND_NODE, {"ids": [wanted.id]}, on_reply)
         known = self.table.get(wanted)
-        addrs = list(dict.fromkeys([*reported, *(known.addrs if known else ())]))[:MAX_ADDRS]
+        heard = self._provider_addrs.get(public_key, ())
+        addrs = list(dict.fromkeys([*reported, *(known.addrs if known else ()), *heard]))[:MAX_ADDRS]
         return Contact(public_key, tuple(addrs)) if addrs else None
 
     async def bootstrap(self, seeds: list[Contact]) -> int:
@@ -457,6 +462,12 @@ class DhtNode:
             return m.nodes(m.per_key(reply, "nodes", 1)[0])
 
         await self._lookup(key_id(key), GET_PROVIDERS, {"keys": [key]}, on_reply)
+        for contact in found:
+            if contact.addrs:
+                self._provider_addrs.pop(contact.public_key, None)  # the newest last
+                self._provider_addrs[contact.public_key] = contact.addrs[:MAX_ADDRS]
+        while len(self._provider_addrs) > MAX_PROVIDER_ADDRS:
+            del self._provider_addrs[next(iter(self._provider_addrs))]
         return list(found)[:count]
 
     def own_contact(self) -> Contact:

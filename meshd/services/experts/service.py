@@ -66,7 +66,6 @@ class Experts:
         self._docs = documents
         self.served: dict[str, Served] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
-        self._addresses: dict[bytes, tuple[str, ...]] = {}  # peer key -> addresses its provider record gave
         self._nursery: trio.Nursery | None = None
 
     # --- the Service shape ---------------------------------------------------------
@@ -206,13 +205,7 @@ class Experts:
         except DhtError as exc:
             log.debug("expert %s: provider lookup failed: %s", expert_id, exc)
             contacts = []
-        for contact in contacts:
-            if contact.public_key != self.host.peer_id.key:
-                found.append(PeerId(contact.public_key))
-                self._addresses[contact.public_key] = tuple(contact.addrs)[:8]
-        while len(self._addresses) > 4096:  # bounded: the oldest go first
-            del self._addresses[next(iter(self._addresses))]
-        return found
+        return found + [PeerId(c.public_key) for c in contacts if c.public_key != self.host.peer_id.key]
 
     async def call(self, peer: PeerId, expert_id: str, op: str, inputs: list, *,
                    timeout: float | None = None) -> tuple[list, int]:
@@ -228,7 +221,6 @@ class Experts:
             with trio.fail_after(timeout):
                 return await served.call(peer.key, op, list(inputs), timeout=timeout)
         with trio.fail_after(timeout):
-            await self._reach(peer)
             reply = await self.host.rpc.call(peer, "experts.call",
                                              {"expert": expert_id, "op": op, "inputs": to_wire(inputs)},
                                              timeout=timeout)
@@ -239,20 +231,11 @@ class Experts:
             raise InvalidArgument("a reply names the rows of its batch")
         return outputs, batch
 
-    async def _reach(self, peer: PeerId) -> None:
-        """Dial ``peer`` at the addresses its provider record gave, unless connected: a server
-        that started a moment ago may not have its own record in the DHT yet, and a dial by
-        id alone would fail."""
-        if self.host.live(peer) is None:
-            await self.host.connection(peer, hints=self._addresses.get(peer.key, ()))
-
     async def info(self, peer: PeerId, expert_id: str, *, timeout: float = 5.0) -> dict:
         """What ``peer`` says of expert ``expert_id`` (kind, domain, params, model, load)."""
         if peer.key == self.host.peer_id.key:
             return await self._serve_info({"expert": expert_id}, None)
-        with trio.fail_after(timeout):
-            await self._reach(peer)
-            reply = await self.host.rpc.call(peer, "experts.info", {"expert": expert_id}, timeout=timeout)
+        reply = await self.host.rpc.call(peer, "experts.info", {"expert": expert_id}, timeout=timeout)
         if not isinstance(reply, dict):
             raise InvalidArgument("an expert's info is a map")
         return reply

@@ -18,11 +18,11 @@ MAX_DIMS = 8
 
 
 def to_wire(tensors) -> list[dict]:
-    """``tensors`` as maps for a call (each made contiguous; one copy into bytes)."""
-    from learn.tensors import dtype_name, tensor_bytes  # noqa: PLC0415  (torch only here)
+    """``tensors`` as maps for a call; the data a view of each tensor (no copy when it is
+    contiguous: msgpack packs the view as it is), so leave them unchanged until sent."""
+    from learn.tensors import dtype_name, tensor_view  # noqa: PLC0415  (torch only here)
 
-    return [{"dtype": dtype_name(t.dtype), "shape": list(t.shape), "data": bytes(tensor_bytes(t))}
-            for t in tensors]
+    return [{"dtype": dtype_name(t.dtype), "shape": list(t.shape), "data": tensor_view(t)} for t in tensors]
 
 
 def from_wire(items: object, *, max_tensors: int, max_bytes: int) -> list:

@@ -20,7 +20,7 @@ import functools
 import logging
 from collections import Counter
 from dataclasses import dataclass, field as dc_field
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import trio
 
@@ -105,7 +105,6 @@ class Group:
         self.settled = trio.Event()  # the first discovery and greeting are done
         self._heard = trio.Event()  # set (and renewed) by every hello taken in
         self._heard_of: set[bytes] = set()  # named by the DHT or a hello, not heard from yet
-        self._addresses: dict[bytes, tuple[str, ...]] = {}  # peer -> addresses its provider record gave
         self._offers: dict[str, Offer | Callable[[], Offer]] = {}  # kind -> offer, or what signs it when pulled
         self.serving: Counter = Counter()  # kind -> pulls of that offer under way (its tensors must not change)
         self._exchanges: dict[tuple, Exchange] = {}  # (round, fragment) -> its all-reduce
@@ -121,14 +120,8 @@ class Group:
                 "hash": self.hash, "hash_round": self.hash_round,
                 "members": [m for m in self.view.live(now) if m != self.me][:_HELLO_MEMBERS]}
 
-    def heard_of(self, peer: bytes, addresses: Sequence[str] = ()) -> None:
-        """Note ``peer`` as a possible member, to be greeted (at ``addresses``, from
-        its provider record, if given: a peer that started a moment ago may not
-        have its own record in the DHT yet, and a dial by id alone would fail)."""
-        if addresses and peer != self.me:
-            self._addresses[peer] = tuple(addresses)[:8]
-            while len(self._addresses) > 4 * self._config.max_members:
-                del self._addresses[next(iter(self._addresses))]
+    def heard_of(self, peer: bytes) -> None:
+        """Note ``peer`` as a possible member, to be greeted."""
         if peer != self.me and peer not in self.view.members:
             self._heard_of.add(peer)
 
@@ -169,8 +162,6 @@ class Group:
         live = peer.key in self.view.live(trio.current_time())
         try:
             with trio.fail_after(self.clock.floor if live else self.view.heartbeat_interval):
-                if self._host.live(peer) is None and peer.key in self._addresses:
-                    await self._host.connection(peer, hints=self._addresses[peer.key])
                 reply = await self._host.rpc.call(peer, "learning.hello", self.hello())
             self.hello_from(peer, reply)
         except (RpcError, trio.TooSlowError, OSError) as exc:

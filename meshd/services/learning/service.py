@@ -134,7 +134,7 @@ class Learning:
                         if not provided:
                             provided = await self._providers.provide(key) > 0
                         for contact in await self._providers.find_providers(key, self.config.max_members):
-                            group.heard_of(contact.public_key, contact.addrs)
+                            group.heard_of(contact.public_key)
                     except DhtError as exc:
                         log.debug("group %s: provider lookup failed: %s", group.name, exc)
                 async with trio.open_nursery() as nursery:

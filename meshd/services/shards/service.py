@@ -257,25 +257,11 @@ class Shards:
         return await trio.to_thread.run_sync(decode_tensors, manifest, self.store.get)
 
     async def _providers(self, model_id: bytes) -> list[PeerId]:
-        """The peers that provide ``model_id``, each dialed first (for up to 5 s) at the
-        addresses its provider record gives: a provider that started a moment ago may not
-        have its own record in the DHT yet, and a dial by id alone would fail."""
         try:
             found = await self._dht.find_providers(PROVIDER_PREFIX + model_id, 20)
         except DhtError as exc:
             raise FetchError(f"provider lookup failed: {exc}") from None
-        found = [c for c in found if c.public_key != self._node.peer_id.key]
-
-        async def reach(contact) -> None:
-            peer = PeerId(contact.public_key)
-            if self._node.live(peer) is None and contact.addrs:
-                with trio.move_on_after(5), contextlib.suppress(RpcError, OSError):
-                    await self._node.connection(peer, hints=tuple(contact.addrs))
-
-        async with trio.open_nursery() as nursery:
-            for contact in found:
-                nursery.start_soon(reach, contact)
-        return [PeerId(c.public_key) for c in found]
+        return [p for p in (PeerId(c.public_key) for c in found) if p != self._node.peer_id]
 
     async def _fetch_manifest(self, model_id: bytes, providers: list[PeerId]) -> Manifest:
         for peer in providers:

@@ -197,6 +197,31 @@ async def test_providers_are_found_and_republishing_is_spread_out(small):
     assert all(interval * 0.5 <= t <= interval for t in due)
 
 
+async def test_a_provider_the_network_cannot_place_is_found_at_the_addresses_its_entry_gave(small):
+    """A node that started a moment ago is a provider before its contact has spread: a
+    seeker that found it through its provider entry can still dial it (find_peer)."""
+    net, nodes = small
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        provider, seeker = nodes[11], nodes[30]
+        await provider.provide_many([b"fresh"])
+
+        async def nobody_knows(*args, **kwargs):  # the network has not heard of the provider yet
+            return None
+
+        seeker.table.remove(provider.own_contact())
+        real_lookup, seeker._lookup = seeker._lookup, nobody_knows
+        assert await seeker.find_peer(provider.public_key) is None
+        seeker._lookup = real_lookup
+        [found] = await seeker.find_providers(b"fresh")
+        seeker.table.remove(provider.own_contact())
+        seeker._lookup = nobody_knows
+        contact = await seeker.find_peer(provider.public_key)
+        assert contact is not None and contact.addrs == found.addrs == provider.own_contact().addrs
+        nursery.cancel_scope.cancel()
+
+
 async def test_add_provider_floods_are_rate_limited_per_peer(small):
     net, nodes = small
     target, flooder, other = nodes[0], nodes[1], nodes[2]
