@@ -372,8 +372,21 @@ class PeerConnection:
         qs = self.quic._streams.get(stream_id)
         return len(qs.sender._buffer) if qs is not None else 0
 
+    def sender_reset(self, stream_id: int) -> bool:
+        """aioquic has reset the stream's sending side.
+
+        It does so by itself when STOP_SENDING arrives, so this state, not only
+        the events we have seen, decides whether a write may go out.
+        """
+        qs = self.quic._streams.get(stream_id)
+        return qs is not None and qs.sender._reset_error_code is not None
+
     def send_data(self, stream_id: int, data: bytes, end: bool) -> None:
-        self.quic.send_stream_data(stream_id, data, end)
+        """Queue ``data`` on the stream; StreamAborted if aioquic refuses it."""
+        try:
+            self.quic.send_stream_data(stream_id, data, end)
+        except ValueError as exc:  # finished, or a stream the peer may not be sent on
+            raise StreamAborted(str(exc)) from None
         if end and len(self._streams) <= 1 and not self._tx_pending:
             self.transmit()  # a lone call has nothing to share a packet with: skip the flush hop
         else:

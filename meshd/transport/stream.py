@@ -30,7 +30,11 @@ class StreamOwner(Protocol):
         """Bytes written on the stream and not yet acknowledged by the peer."""
 
     def send_data(self, stream_id: int, data: bytes, end: bool) -> None:
-        """Queue ``data`` (and the end of the stream if ``end``) for sending."""
+        """Queue ``data`` (and the end of the stream if ``end``) for sending;
+        StreamAborted if the stream can no longer send."""
+
+    def sender_reset(self, stream_id: int) -> bool:
+        """The stream's sending side was reset (by us, or on the peer's STOP_SENDING)."""
 
     def wait_for_acks(self, stream: QuicCallStream) -> None:
         """Call ``stream.writable_again()`` once its unacknowledged bytes fall
@@ -108,7 +112,7 @@ class QuicCallStream:
         self._closed = True
         unread = bool(self._recv)
         self._recv.clear()
-        if not self._sent_eof:
+        if not self._sent_eof and not self._stopped():
             self._sent_eof = True
             self._conn.send_data(self.stream_id, b"", True)
         self._conn.done_reading(self, stop_peer=unread)
@@ -130,10 +134,15 @@ class QuicCallStream:
     def _check_sendable(self) -> None:
         if self._aborted is not None:
             raise StreamAborted(self._aborted)
-        if self._send_stopped:
+        if self._stopped():
             raise StreamAborted("peer asked us to stop sending")
         if self._sent_eof:
             raise StreamAborted("stream already ended its sending side")
+
+    def _stopped(self) -> bool:
+        if not self._send_stopped and self._conn.sender_reset(self.stream_id):
+            self._send_stopped = True
+        return self._send_stopped
 
     def data_received(self, data: bytes, end: bool) -> int:
         """Buffer data from the peer; returns how many bytes were discarded."""

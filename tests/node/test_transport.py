@@ -211,3 +211,17 @@ async def test_an_ipv4_socket_refuses_ipv6_targets_clearly(pair):
     a, b = pair
     with pytest.raises(DialError, match="IPv6 but this node listens on IPv4 only"):
         await b.endpoint.dial("::1", a.addr[1], a.identity.peer_id)
+
+
+async def test_a_sender_aioquic_reset_unseen_fails_as_an_aborted_stream(pair):
+    # aioquic resets a sender itself on STOP_SENDING; a write that races the
+    # event must fail the stream (StreamAborted), not raise RuntimeError into the node.
+    a, b = pair
+    conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
+    stream = conn.open_stream()
+    await stream.send_all(b"x")
+    conn.quic._streams[stream.stream_id].sender.reset(error_code=0)
+    with pytest.raises(StreamAborted):
+        await stream.send_all(b"more")
+    await stream.close()  # closing an already stopped stream is quiet
+    assert await unary_call(lambda: _ready(conn.open_stream()), "echo", 2, 5, MAX) == 2
