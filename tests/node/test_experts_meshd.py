@@ -290,6 +290,32 @@ async def test_served_experts_are_listed_in_a_shared_registry_document(tmp_path)
                 await trio.sleep(0.05)
 
 
+async def test_registry_entries_carry_load_and_a_dead_server_is_listed_as_stale(tmp_path):
+    quick = Config()
+    quick.experts.heartbeat = 0.2
+    async with AsyncExitStack() as stack:
+        [a] = await open_nodes(stack, tmp_path / "a", 1, quick)
+        quick.experts.registry = f"{a.peer_id}/experts"
+        replica = await a.service("experts")._registry()
+        async with AsyncExitStack() as b_stack:
+            [b] = await open_nodes(b_stack, tmp_path / "b", 1, quick)
+            await b.connect(a.address)
+            a.service("crdt").write(replica, lambda tx: tx.grant(b.peer_id.key, "writer"))
+            await mx.serve(b, Counting(), expert_id="lin")
+            for _ in range(3):
+                await b.service("experts").call(b.peer_id, "lin", "forward", [torch.randn(2, 4)])
+            ls = a.service("experts").control_methods()["experts.ls"]
+            with trio.fail_after(10):  # a heartbeat brings the calls into a's replica
+                while not (rows := (await ls({"all": True}, None))["experts"]) or rows[0]["load"]["calls"] < 3:
+                    await trio.sleep(0.05)
+            assert rows[0]["servers"] == [str(b.peer_id)] and rows[0]["stale"] == []
+        # b is gone without unserving: after 3 missed heartbeats it is stale, not a server
+        with trio.fail_after(10):
+            while not (row := (await ls({"all": True}, None))["experts"][0])["stale"]:
+                await trio.sleep(0.05)
+        assert row["servers"] == [] and row["stale"] == [str(b.peer_id)]
+
+
 async def test_an_hdee_prior_estimated_on_held_out_text_weighs_the_expert_that_fits_it(tmp_path):
     async with AsyncExitStack() as stack:
         nodes = await open_nodes(stack, tmp_path, 3)

@@ -14,3 +14,5 @@ class ExpertsSection:
     call_timeout: float = 30.0  # how long a caller waits for an answer, and a call waits in a queue
     refresh_interval: float = 30.0  # seconds before a caller looks up an expert's servers again
     registry: str = ""  # document listing experts (NAME or PEERID/NAME); "" = this node's "experts"
+    heartbeat: float = 300.0  # seconds between a server's registry refreshes (alive, and its load);
+    #                           an entry not refreshed for 3 heartbeats is listed as stale

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import trio
 
 from ...rpc import NotFound, RpcError
 from ...rpc.args import field, peer_field
+from .registry import live_servers
+
+
+def _num(value: object) -> int:
+    """A count a peer's registry entry gave, or 0 if it is not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def control_methods(service) -> dict:
@@ -16,11 +24,16 @@ def control_methods(service) -> dict:
         rows = [{**s.info, "load": s.load(), "servers": [str(service.host.peer_id)]}
                 for s in service.served.values()]
         if isinstance(arg, dict) and arg.get("all"):  # every expert the registry lists
+            now, heartbeat = time.time(), service.config.heartbeat
             for expert_id, entry in sorted((await service.registry()).items()):
                 if expert_id not in service.served:
                     about = entry.get("about") if isinstance(entry.get("about"), dict) else {}
-                    servers = entry.get("servers") if isinstance(entry.get("servers"), dict) else {}
-                    rows.append({**about, "expert": expert_id, "servers": sorted(servers)})
+                    servers = entry.get("servers")
+                    live, stale = live_servers(servers, now=now, heartbeat=heartbeat)
+                    loads = [servers[p]["load"] for p in live if isinstance(servers[p].get("load"), dict)]
+                    rows.append({**about, "expert": expert_id, "servers": live, "stale": stale,
+                                 "load": {"queued": sum(_num(l.get("queued")) for l in loads),
+                                          "calls": sum(_num(l.get("calls")) for l in loads)}})
         for expert_id in (field(arg, "find", list) if isinstance(arg, dict) and "find" in arg else []):
             if not isinstance(expert_id, str) or expert_id in service.served:
                 continue

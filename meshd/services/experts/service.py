@@ -40,12 +40,14 @@ from ...rpc.args import field
 from ...service import Documents, Host, Providers, check_name
 from .config import ExpertsSection
 from .control import control_methods
+from .registry import HEARTBEAT_LOAD
 from .served import Served
 from .tensors import from_wire, to_wire
 
 log = logging.getLogger("meshd.experts")
 
 PROVIDER_PREFIX = b"/expert/"
+REGISTRY_SYNC_TIMEOUT = 2.0  # seconds a listing waits for one replica of the registry
 
 
 def check_expert_id(expert_id: object) -> str:
@@ -107,9 +109,23 @@ class Experts:
         self.served[expert_id] = served
         scope = self._scopes[expert_id] = trio.CancelScope()
 
+        me, since = str(self.host.peer_id), time.time()
+
+        def beat(tx) -> None:
+            load = served.load()
+            tx.set([expert_id, "servers", me], {"since": since, "seen": time.time(),
+                                               "load": {k: load[k] for k in HEARTBEAT_LOAD}})
+
+        async def heartbeats() -> None:
+            while True:
+                await trio.sleep(self.config.heartbeat)
+                await self._write_registry(beat)
+
         async def keep() -> None:
             with scope:
-                await served.run()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(heartbeats)
+                    await served.run()
 
         self._nursery.start_soon(keep)
         try:
@@ -120,7 +136,7 @@ class Experts:
 
         def register(tx) -> None:
             tx.set([expert_id, "about"], about)
-            tx.set([expert_id, "servers", str(self.host.peer_id)], {"since": time.time()})
+            beat(tx)
 
         await self._write_registry(register)
         return served
@@ -160,16 +176,22 @@ class Experts:
 
     async def registry(self) -> dict:
         """What the registry lists: expert id -> {"about": kind, domain, model, params, ...,
-        "servers": {peer: {"since": time}}}, brought up to date with its replicas once."""
+        "servers": {peer: {"since", "seen", "load"}}}, brought up to date with its replicas
+        once; see :func:`live_servers` for which servers are still there."""
         replica = await self._registry()
         if replica is None:
             return {}
-        for peer in list(replica.peers):
+
+        async def sync(peer: PeerId) -> None:
             try:
-                with trio.move_on_after(5):
+                with trio.move_on_after(REGISTRY_SYNC_TIMEOUT):
                     await self._docs.sync(replica, peer)
             except (RpcError, ReconcileError, OSError) as exc:
                 log.debug("experts registry: no sync with %s (%s)", peer.short(), exc)
+
+        async with trio.open_nursery() as nursery:  # at once: a dead replica costs one timeout
+            for peer in list(replica.peers):
+                nursery.start_soon(sync, peer)
         listing = replica.doc.get([]) or {}
         return {k: v for k, v in listing.items() if isinstance(v, dict)}
 
