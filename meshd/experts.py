@@ -13,6 +13,13 @@
     expert = mx.RemoteExpert(node, "c0")                         # like a module: await expert(x, t)
     await mx.publish(node, module, expert_id="c0", kind="flow")  # weights through shard sync, then served
     await mx.replicate(other_node, same_architecture, expert_id="c0")   # fetched, verified, served there too
+    served, losses = await mx.train_and_publish(node, module, loss, 800, expert_id="c1", kind="flow")
+
+Training on one machine (no network): :func:`kmeans` splits data into
+clusters, :func:`train_flow` fits a flow-matching expert to one, and
+:func:`train_router` the DDM router to all; :func:`fit` is their AdamW loop
+for any other loss; ``HDEEEnsemble.estimate_prior`` learns an HDEE prior
+from held-out text.
 
 Kinds: ``lm`` (a module from token ids [B, T] to logits [B, T, V]; called
 with op ``score``), ``flow`` (``v(x, t)``), ``router`` (logits over experts
@@ -21,6 +28,13 @@ node's ``experts`` service (on by default); see docs/experts.md.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import trio
+
+from experts.training import fit, kmeans, train_flow, train_router
 
 from .services.experts.ensembles import DDMEnsemble, HDEEEnsemble, Sampled, Scored
 from .services.experts.remote import Answer, ExpertUnavailable, RemoteExpert
@@ -61,5 +75,23 @@ async def replicate(node, module, *, expert_id: str, max_batch: int = 32, max_wa
                        model=model, max_batch=max_batch, max_wait_ms=max_wait_ms)
 
 
+async def train_and_publish(node, module: torch.nn.Module, loss: Callable[[torch.Generator], torch.Tensor],
+                            steps: int, *, expert_id: str, kind: str = "module", domain: str | None = None,
+                            lr: float = 1e-3, seed: int = 0, clip: float | None = None, max_batch: int = 32,
+                            max_wait_ms: float = 5.0) -> tuple[Served, list[float]]:
+    """Train ``module`` in place on this machine's split, then :func:`publish` and serve it.
+
+    ``steps`` AdamW steps on ``loss(generator)`` (:func:`experts.training.fit`:
+    the batches drawn from a generator seeded with ``seed``), run in a worker
+    thread so the node keeps answering meanwhile.  Returns what is served and
+    the per-step losses."""
+    losses = await trio.to_thread.run_sync(lambda: fit(module, steps, lr, seed, loss, clip=clip))
+    module.eval()
+    served = await publish(node, module, expert_id=expert_id, kind=kind, domain=domain, max_batch=max_batch,
+                           max_wait_ms=max_wait_ms)
+    return served, losses
+
+
 __all__ = ["Answer", "DDMEnsemble", "ExpertUnavailable", "HDEEEnsemble", "RemoteExpert", "Sampled", "Scored",
-           "Served", "publish", "replicate", "serve"]
+           "Served", "fit", "kmeans", "publish", "replicate", "serve", "train_and_publish", "train_flow",
+           "train_router"]

@@ -262,6 +262,27 @@ async def test_a_published_expert_is_replicated_by_shard_sync_and_served_by_both
             await mx.replicate(c, Counting(), expert_id="plain")
 
 
+async def test_an_expert_trained_and_published_in_one_call_answers_with_its_trained_weights(tmp_path):
+    async with AsyncExitStack() as stack:
+        a, b = await open_nodes(stack, tmp_path, 2)
+        module = Counting(seed=1)
+        target = torch.nn.Linear(4, module.linear.out_features)
+        x = torch.randn(64, 4)
+        y = target(x).detach()
+
+        def loss(gen):
+            rows = torch.randint(len(x), (16,), generator=gen)
+            return torch.nn.functional.mse_loss(module.linear(x[rows]), y[rows])
+
+        before = torch.nn.functional.mse_loss(module.linear(x), y).item()
+        _, losses = await mx.train_and_publish(a, module, loss, 200, expert_id="fit", lr=0.05, domain="test")
+        assert len(losses) == 200 and losses[-1] < before / 10
+        copy = Counting(seed=2)
+        await mx.replicate(b, copy, expert_id="fit")  # the trained weights, by shard sync
+        outputs, _ = await b.service("experts").call(b.peer_id, "fit", "forward", [x])
+        assert torch.allclose(outputs[0], module.linear(x).detach(), atol=1e-6)
+
+
 async def test_served_experts_are_listed_in_a_shared_registry_document(tmp_path):
     async with AsyncExitStack() as stack:
         [a] = await open_nodes(stack, tmp_path / "a", 1)
