@@ -9,9 +9,11 @@ The stop rule is the one go-libp2p's DHT uses: the lookup is finished when
 the ``beta`` nearest contacts it knows of that have not failed have all
 answered.  The nearest nodes know their neighbourhood best, so by then the
 ``k`` nearest known contacts are the answer; there is no fixed number of
-rounds, and a dead node only costs its own timeout.  ``beta = k`` gives the
-stricter rule of the Kademlia paper (every result has answered) at the cost
-of more round trips.
+rounds.  A query overdue (:meth:`Lookup.slow`, the caller's clock decides)
+gives up its slot to the next nearest contact and stops counting among the
+nearest until it answers, so a dead node does not hold the lookup for its
+whole timeout.  ``beta = k`` gives the stricter rule of the Kademlia paper
+(every result has answered) at the cost of more round trips.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from .ids import Contact
 
-NEW, WAITING, ANSWERED, FAILED = "new", "waiting", "answered", "failed"
+NEW, WAITING, SLOW, ANSWERED, FAILED = "new", "waiting", "slow", "answered", "failed"
 
 
 @dataclass
@@ -66,10 +68,10 @@ class Lookup:
             bisect.insort(self._order, (d, pk))
 
     def _live(self):
-        """Candidates that have not failed, nearest first."""
+        """Candidates that have not failed and are not overdue, nearest first."""
         for _, pk in self._order:
             candidate = self._by_key[pk]
-            if candidate.state != FAILED:
+            if candidate.state != FAILED and candidate.state != SLOW:
                 yield candidate
 
     def next_queries(self) -> list[Contact]:
@@ -100,12 +102,26 @@ class Lookup:
         """``contact`` timed out or gave an unusable answer."""
         self._settle(contact, FAILED)
 
+    def slow(self, contact: Contact) -> None:
+        """``contact`` is overdue: its query no longer holds one of the ``alpha``
+        slots, and it is left out of the nearest until it answers (it may
+        still: :meth:`answered` and :meth:`failed` take it back)."""
+        candidate = self._by_key.get(contact.public_key)
+        if candidate is not None and candidate.state == WAITING:
+            candidate.state = SLOW
+            self.in_flight -= 1
+
+    def overdue(self) -> list[Contact]:
+        """Contacts whose queries are overdue and have not answered yet."""
+        return [c.contact for c in self._by_key.values() if c.state == SLOW]
+
     def _settle(self, contact: Contact, state: str) -> Candidate | None:
         candidate = self._by_key.get(contact.public_key)
-        if candidate is None or candidate.state != WAITING:
+        if candidate is None or candidate.state not in (WAITING, SLOW):
             return None
+        if candidate.state == WAITING:
+            self.in_flight -= 1
         candidate.state = state
-        self.in_flight -= 1
         return candidate
 
     def stop(self) -> None:

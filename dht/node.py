@@ -29,8 +29,54 @@ from .server import DhtServer
 from .storage import Database, ProviderStore, RecordStore
 
 log = logging.getLogger("dht")
+_STAGGER = 0.1  # seconds a put's first stores have alone before the rest are sent
 _MAX_FAILED = 4096  # nodes remembered as recently failed
 MAX_PROVIDER_ADDRS = 4096  # providers whose addresses are remembered for dialing them
+
+
+class _Ewma:
+    """An exponentially weighted mean of durations (None before the first)."""
+
+    def __init__(self, weight: float = 0.1):
+        self.weight = weight
+        self.value: float | None = None
+
+    def observe(self, sample: float) -> None:
+        self.value = sample if self.value is None else self.value + self.weight * (sample - self.value)
+
+
+class _Sends:
+    """One request sent to many contacts, each at most once, and who accepted it
+    (a reply whose ``stored`` list holds one None)."""
+
+    def __init__(self, node: "DhtNode", method: str, msg: dict):
+        self._node, self._method, self._msg = node, method, msg
+        self._accepted: dict[bytes, bool | None] = {}  # public key -> None while in flight
+        self._changed = trio.Event()
+
+    def start(self, nursery: trio.Nursery, contacts: list[Contact]) -> None:
+        """Send to each of ``contacts`` not sent to yet, in ``nursery``."""
+        for contact in contacts:
+            if contact.public_key not in self._accepted:
+                self._accepted[contact.public_key] = None
+                nursery.start_soon(self._send, contact)
+
+    async def _send(self, contact: Contact) -> None:
+        reply = await self._node._try(contact, self._method, self._msg)
+        stored = reply.get("stored") if isinstance(reply, dict) else None
+        self._accepted[contact.public_key] = isinstance(stored, list) and len(stored) == 1 and stored[0] is None
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait(self, contacts: list[Contact], enough: int) -> int:
+        """How many of ``contacts`` (all sent to) accepted, once ``enough`` did or all answered."""
+        while True:
+            changed = self._changed
+            outcomes = [self._accepted[c.public_key] for c in contacts]
+            accepted = outcomes.count(True)
+            if accepted >= enough or None not in outcomes:
+                return accepted
+            await changed.wait()
 
 
 @dataclass
@@ -39,6 +85,8 @@ class DhtConfig:
     alpha: int = 3  # queries in flight per lookup
     beta: int = 3  # a lookup ends when this many of the nearest nodes it knows have answered
     request_timeout: float = 3.0  # seconds per query
+    slow_factor: float = 4.0  # a lookup asks the next contact too after this many typical answer times
+    min_slow: float = 0.05  # ... but not sooner than this (seconds)
     lookup_timeout: float = 30.0  # seconds per lookup, whatever peers do
     get_quorum: int = 4  # a get stops after this many replicas answered with a record
     put_quorum: int = 5  # a put returns once this many of the k closest stored it (the rest go on)
@@ -105,6 +153,7 @@ class DhtNode:
         self._shared: dict[tuple, _Shared] = {}
         self._provided: dict[bytes, float] = {}  # key -> when to republish (trio time)
         self._failed: dict[bytes, float] = {}  # public key -> when it last failed a query
+        self._answer_time = _Ewma()  # how long peers take to answer a lookup query (seconds)
         self._provider_addrs: dict[bytes, tuple[str, ...]] = {}  # public key -> addresses a provider entry gave
         self._nursery: trio.Nursery | None = None
         if db is not None:
@@ -161,20 +210,30 @@ class DhtNode:
         self.table.touch(target, self.clock())
         send, receive = trio.open_memory_channel(math.inf)
 
+        async def overdue(contact: Contact) -> None:
+            await trio.sleep(self.slow_after())
+            lookup.slow(contact)
+            send.send_nowait(None)
+
         async def query(contact: Contact) -> None:
-            try:
-                reply = await self._ask(contact, method, msg)
-                closer = on_reply(lookup, contact, reply)
-            except DhtError:
-                lookup.failed(contact)
-                self.table.failed(contact)
-                self._note_failure(contact)
-            else:
-                lookup.answered(contact, [c for c in closer if c != self.contact and self._usable(c)])
-                if m.is_server(reply):
-                    self.heard_from(contact)
+            async with trio.open_nursery() as timer:
+                timer.start_soon(overdue, contact)
+                started = self.clock()
+                try:
+                    reply = await self._ask(contact, method, msg)
+                    closer = on_reply(lookup, contact, reply)
+                except DhtError:
+                    lookup.failed(contact)
+                    self.table.failed(contact)
+                    self._note_failure(contact)
                 else:
-                    self.table.remove(contact)
+                    self._answer_time.observe(self.clock() - started)
+                    lookup.answered(contact, [c for c in closer if c != self.contact and self._usable(c)])
+                    if m.is_server(reply):
+                        self.heard_from(contact)
+                    else:
+                        self.table.remove(contact)
+                timer.cancel_scope.cancel()
             send.send_nowait(None)
 
         with trio.move_on_after(cfg.lookup_timeout):
@@ -186,7 +245,19 @@ class DhtNode:
                         break
                     await receive.receive()
                 nursery.cancel_scope.cancel()
+        for contact in lookup.overdue():  # still silent when the lookup ended: ask others for a while
+            self._note_failure(contact)
         return lookup
+
+    def slow_after(self) -> float:
+        """Seconds after which a lookup's query is overdue and the next contact is
+        asked too: 4 typical answer times (``slow_factor``), within
+        [``min_slow``, ``request_timeout``]."""
+        cfg = self.config
+        typical = self._answer_time.value
+        if typical is None:
+            return cfg.request_timeout
+        return min(cfg.request_timeout, max(cfg.min_slow, cfg.slow_factor * typical))
 
     def _note_failure(self, contact: Contact) -> None:
         self._failed.pop(contact.public_key, None)
@@ -299,7 +370,11 @@ class DhtNode:
         The record is on this node's disk first (and republished from here).
         Returns once ``put_quorum`` of the k closest have stored it, or all
         have answered: how many stored it by then.  While the node runs, the
-        other replicas are written in the background.
+        other replicas are written in the background.  A node that knows
+        fewer than k others (a small mesh) stores at all it knows and returns
+        once ``put_quorum`` of them took it, while its lookup goes on in the
+        background to store at any closer node it finds: one round trip, not
+        a lookup and then one.
 
         Raises RecordError when the record would be refused (unknown namespace,
         too large, another owner's key).
@@ -312,37 +387,34 @@ class DhtNode:
         record = sign_record(key, value, public_key=self.public_key, sign=self._sign,
                              seq=seq, expires=int(now + ttl))
         self.records.put(record, now)
-        closest = await self.find_node(key_id(key))
-        return await self._send_until(closest, PUT_VALUE, {"records": [record.to_wire()]},
-                                      self.config.put_quorum)
+        target, quorum = key_id(key), self.config.put_quorum
+        stores = _Sends(self, PUT_VALUE, {"records": [record.to_wire()]})
 
-    async def _send_until(self, contacts: list[Contact], method: str, msg: dict, enough: int) -> int:
-        """Send one request to every contact at once; return how many accepted
-        it (a map with no refusal in ``stored``) once ``enough`` did or all
-        have answered.  Stragglers finish in the node's background nursery."""
-        accepted, answered = 0, 0
-        done = trio.Event()
+        async def store_at(contacts: list[Contact]) -> int:
+            # The nearest `quorum` first, alone: k stores at once would all finish late
+            # (on the sending node's one thread, and the replicas' CPUs); the rest after.
+            first = contacts[:quorum]
+            stores.start(nursery, first)
+            with trio.move_on_after(_STAGGER):
+                if await stores.wait(first, quorum) == quorum:
+                    stores.start(nursery, contacts)
+                    return quorum
+            stores.start(nursery, contacts)
+            return await stores.wait(contacts, quorum)
 
-        async def send(contact: Contact) -> None:
-            nonlocal accepted, answered
-            reply = await self._try(contact, method, msg)
-            stored = reply.get("stored") if isinstance(reply, dict) else None
-            accepted += isinstance(stored, list) and len(stored) == 1 and stored[0] is None
-            answered += 1
-            if accepted >= enough or answered == len(contacts):
-                done.set()
+        async def lookup_then_store() -> None:
+            stores.start(nursery, await self.find_node(target))
 
-        if not contacts:
-            return 0
-        if self._nursery is None:
-            async with trio.open_nursery() as nursery:
-                for contact in contacts:
-                    nursery.start_soon(send, contact)
-            return accepted
-        for contact in contacts:
-            self._nursery.start_soon(send, contact)
-        await done.wait()
-        return accepted
+        async with trio.open_nursery() as own:
+            nursery = self._nursery or own  # without a running node, wait for every store
+            known = [c for c in self.table.closest(target, self.config.k) if self._usable(c)]
+            if not known or len(self.table) >= self.config.k:
+                return await store_at(await self.find_node(target))
+            # Knowing fewer than k others, its k closest are all it knows: the answer unless
+            # the lookup turns up strangers, which it stores at after (as libp2p's
+            # optimistic provide does, the put does not wait for the lookup).
+            nursery.start_soon(lookup_then_store)
+            return await store_at(known)
 
     async def put_records(self, records: list[Record]) -> dict[bytes, int]:
         """Store signed records at the k nodes closest to each key, several

@@ -18,6 +18,8 @@ class DhtSection:
     k: int = _DHT.k  # bucket size and replication factor
     alpha: int = _DHT.alpha  # queries in flight per lookup
     request_timeout: float = _DHT.request_timeout
+    slow_factor: float = _DHT.slow_factor  # a lookup asks the next contact too after this many typical answers
+    min_slow: float = _DHT.min_slow  # ... but not sooner than this many seconds
     get_quorum: int = _DHT.get_quorum  # a get stops after this many replicas answered
     put_quorum: int = _DHT.put_quorum  # a put returns once this many stored the record
     record_ttl: float = _DHT.record_ttl

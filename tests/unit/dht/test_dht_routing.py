@@ -185,6 +185,23 @@ def test_lookup_routes_around_failures():
     assert lookup.closest() == truth[2:6]
 
 
+def test_an_overdue_query_frees_its_slot_and_stops_holding_the_lookup_until_it_answers():
+    world = _world(60)
+    target = os.urandom(32)
+    truth = _truth(world, target, 4)
+    lookup = Lookup(target, truth, k=3, alpha=1, beta=1)
+    [nearest] = lookup.next_queries()
+    assert nearest == truth[0] and lookup.next_queries() == []  # the one slot is taken
+    lookup.slow(nearest)
+    assert lookup.overdue() == [nearest] and lookup.in_flight == 0
+    [second] = lookup.next_queries()  # the slot went to the next nearest
+    assert second == truth[1]
+    lookup.answered(second, truth)
+    assert lookup.finished and lookup.closest() == truth[1:4]  # without the silent one
+    lookup.answered(nearest, truth)  # a late answer still counts, and frees no second slot
+    assert lookup.in_flight == 0 and lookup.overdue() == [] and lookup.closest() == truth[:3]
+
+
 def test_lookup_is_not_finished_while_closer_answers_are_pending_and_stop_ends_it():
     world = _world(50)
     target = os.urandom(32)
