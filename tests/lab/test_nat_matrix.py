@@ -46,9 +46,9 @@ def test_pair_connects_by_peer_id_and_calls_both_ways(natlab, tmp_path, kinds): 
     a = host_of(lab, "a", kinds[0]).daemon(tmp_path / "a", bootstrap=[relay.dial_address], config=config)
     b = host_of(lab, "b", kinds[1]).daemon(tmp_path / "b", bootstrap=[relay.dial_address], config=config)
 
-    # b holds a reservation at the relay, and both know their mapping from STUN
-    wait_until(lambda: relay.peer_id in b.meshctl("relay")["reserved_at"], 20, "b's relay reservation")
+    # both hold a reservation at the relay (each is called through it), and know their mapping from STUN
     for d in (a, b):
+        wait_until(lambda d=d: relay.peer_id in d.meshctl("relay")["reserved_at"], 20, "a relay reservation")
         wait_until(lambda d=d: d.meshctl("nat")["mapping"], 20, "STUN discovery at start")
 
     # a knows b only by PeerId: the first call goes through the relay

@@ -1,5 +1,7 @@
 """Relayed connections on loopback: reservations, limits, and every RPC kind over a circuit."""
 
+import dataclasses
+
 import pytest
 import trio
 
@@ -197,3 +199,26 @@ async def test_advertised_relays_are_used_to_reach_a_peer_by_id(tmp_path):
             with trio.fail_after(20):
                 reply = await y.rpc.call(n.peer_id, "echo", "via advertised relay")
             assert reply["arg"] == "via advertised relay"
+
+
+async def test_a_refused_reservation_at_a_bootstrap_relay_is_asked_for_again(tmp_path, monkeypatch):
+    from meshd.services.nat import service as nat_service
+
+    monkeypatch.setattr(nat_service, "RESERVE_RETRY", 0.1)
+    config = relay_config()
+    config.relay.enabled = False  # not relaying yet: the first request is refused
+    async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=config) as r:
+        reservations = r.service("nat").relay.reservations
+        asked, reserve = [], reservations.reserve
+        reservations.reserve = lambda peer, now: asked.append(peer) or reserve(peer, now)
+        async with meshd.open_node(tmp_path / "n", listen="127.0.0.1:0", bootstrap=[str(r.address)]) as n:
+            held = n.service("nat").relay.reserved_at
+            await n.connect(r.address)
+            with trio.fail_after(10):
+                while not asked:
+                    await trio.sleep(0.02)
+                assert not held.holds(r.peer_id)  # refused
+                reservations.limits = dataclasses.replace(reservations.limits, enabled=True)  # relaying on
+                while not held.holds(r.peer_id):
+                    await trio.sleep(0.02)
+            assert len(asked) >= 2, asked

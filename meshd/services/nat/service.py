@@ -10,7 +10,6 @@ home gateway, and adds what it learned to the addresses the node advertises.
 from __future__ import annotations
 
 import logging
-import math
 
 import trio
 
@@ -33,6 +32,7 @@ from .relay import Relay
 from .stun import NodeStun
 
 log = logging.getLogger("meshd.nat")
+RESERVE_RETRY = 5.0  # seconds before asking a relay that refused a reservation again
 
 
 class Nat:
@@ -150,12 +150,13 @@ class Nat:
                 await conn.terminated.wait()
 
     async def _reserve_at(self, relay: PeerId) -> float:
-        """Reserve a relay slot; seconds until it should be renewed."""
+        """Reserve a relay slot; seconds until it should be renewed, or tried again
+        after a refusal (a relay not yet ready, or full, may take us later)."""
         try:
             limits = await self.relay.reserve(relay)
         except RpcError as exc:
             log.debug("no relay reservation at %s: %s", relay, exc)
-            return math.inf
+            return RESERVE_RETRY
         return renew_after(limits["ttl"])
 
     # --- what meshctl shows ----------------------------------------------------------
