@@ -1,6 +1,6 @@
 """Expert ensembles on the mesh: serving throughput, DDM sampling quality, faults, HDEE.
 
-    .venv/bin/python benchmarks/experts.py [--quick] [--skip serving,ddm,faults,hdee] [--json FILE]
+    .venv/bin/python benchmarks/experts.py [--quick] [--skip serving,ddm,digits,faults,hdee] [--json FILE]
 
 Every expert is served by its own meshd node (in this process, real QUIC over
 127.0.0.1, the service's defaults); callers are another node.  One table per
@@ -22,6 +22,14 @@ part, each with its comparison from the same run:
   parameters trained for their total steps (in process), and the floor
   (MMD between two held-out draws of the data).  MMD² to held-out data
   (``experts_kit.mmd``), and the expert rows each mode evaluated.
+* **digits**: the same on scikit-learn's 8x8 digits (64-D, scaled to [-1, 1];
+  1,197 images to train on, two held-out sets of 300), the same steps and
+  samples, experts of width 128 and a monolith of width 286 (the experts'
+  total parameters); each set of samples (clamped to [-1, 1]) is labelled by
+  a logistic regression fitted to the training images, and its coverage of
+  the 10 classes reported: how many get at least half their fair share
+  (``classes``), the labels' entropy in bits (3.32 when even) and the largest
+  and smallest class's share (which digit, in brackets).
 * **faults**: DDM sampling (top2) where one expert's node stops halfway:
   the run completes, says which expert it dropped, and its MMD; and HDEE
   decoding (next-token distributions of a growing text) over 3 LM experts
@@ -40,6 +48,7 @@ floor and >= 5x better than the monolith, every routed mode >= 10x better than
 uniform, top-2 at most half the expert evaluations of full; a heterogeneous
 HDEE ensemble best on 2 of 3 domains and on the held-out one, the mixture
 >= 0.1 bpc better than the best expert there, the mesh within 1e-6 of in process.
+The digits part prints the same ratios as the grid's DDM targets, without targets.
 """
 
 from __future__ import annotations
@@ -209,47 +218,102 @@ def ddm_models(args) -> dict:
 
 
 async def serve_ddm(stack: AsyncExitStack, root: Path, models: dict) -> list:
-    """Six nodes: the 4 experts and the router each on its own, and a caller (the last)."""
-    nodes = await open_nodes(stack, root, 6)
+    """K + 2 nodes: the K experts and the router each on its own, and a caller (the last)."""
+    count = len(models["experts"])
+    nodes = await open_nodes(stack, root, count + 2)
     for k, expert in enumerate(models["experts"]):
         await mx.serve(nodes[k], expert, expert_id=f"c{k}", kind="flow", domain=f"cluster {k}")
-    await mx.serve(nodes[4], models["router"], expert_id="router", kind="router")
+    await mx.serve(nodes[count], models["router"], expert_id="router", kind="router")
     return nodes
 
 
-async def ddm(args, root: Path, models: dict) -> list[dict]:
+async def ddm(args, root: Path, models: dict, part: str = "ddm") -> list[dict]:
+    """Every mode over the mesh and the monolith in process, on ``models`` (``experts_kit.train_ddm_on``'s,
+    plus ``judge``, a function from samples to more columns, if the data has one)."""
     from meshd.testing import experts_kit as kit
 
     torch.set_num_threads(1)
-    rows, floor = [], models["floor"]
+    rows, floor, dim, count = [], models["floor"], models["dim"], len(models["experts"])
+    judge = models.get("judge", lambda x: {})
     with torch.no_grad():
-        mono = kit.mmd(kit.sample_flow(models["monolith"], args.samples, 2, args.ddm_sample_steps, seed=5),
-                       models["held"])
-    rows.append({"part": "ddm", "what": "floor: data vs data", "mmd2": floor})
-    rows.append({"part": "ddm", "what": f"monolith ({models['params'][1]:,} params, {4 * args.ddm_steps} steps)",
-                 "mmd2": mono})
+        mono_x = kit.sample_flow(models["monolith"], args.samples, dim, args.ddm_sample_steps, seed=5)
+    mono = kit.mmd(mono_x, models["held"])
+    rows.append({"part": part, "what": "floor: held-out vs held-out", "mmd2": floor, **judge(models["held2"])})
+    rows.append({"part": part, "what": f"monolith ({models['params'][1]:,} params, {count * models['steps']} steps)",
+                 "mmd2": mono, **judge(mono_x)})
     scores = {}
     async with AsyncExitStack() as stack:
-        nodes = await serve_ddm(stack, root / "ddm", models)
+        nodes = await serve_ddm(stack, root / part, models)
         for name, mode, k in MODES:
-            ens = mx.DDMEnsemble(nodes[5], [f"c{i}" for i in range(4)], "router" if mode != "uniform" else None,
+            ens = mx.DDMEnsemble(nodes[-1], [f"c{i}" for i in range(count)], "router" if mode != "uniform" else None,
                                  mode=mode, top_k=k)
             started = time.perf_counter()
-            out = await ens.sample(args.samples, 2, steps=args.ddm_sample_steps, seed=5)
+            out = await ens.sample(args.samples, dim, steps=args.ddm_sample_steps, seed=5)
             scores[name] = kit.mmd(out.x, models["held"])
-            rows.append({"part": "ddm", "what": f"DDM {name} over the mesh (4 x {models['params'][0]:,} params)",
-                         "mmd2": scores[name], "evals": sum(out.rows.values()),
+            rows.append({"part": part, "what": f"DDM {name} over the mesh ({count} x {models['params'][0]:,} params)",
+                         "mmd2": scores[name], "evals": sum(out.rows.values()), **judge(out.x),
                          "detail": f"{time.perf_counter() - started:.1f} s; calls {sum(out.calls.values())}"
                                    + (f"; DROPPED {out.dropped}" if out.dropped else "")})
     evals = {r["what"].split()[1]: r["evals"] for r in rows if r.get("evals")}
+    targets = part == "ddm"  # issue 13's targets are the grid's; elsewhere the same ratios, no targets
+
+    def target(text: str) -> str:
+        return f" (target {text})" if targets else ""
+
     versus_floor = (f"full {scores['full'] / floor:.1f}x the floor" if floor > 0 else
                     f"full {scores['full']:.4f} above a floor of {floor:.4f} (at the estimator's noise)")
-    checks = [f"{versus_floor} (target <= 3x)",
-              f"monolith / full {mono / scores['full']:.1f}x (target >= 5x)",
-              *(f"uniform / {m} {scores['uniform'] / scores[m]:.1f}x (target >= 10x)" for m in ("full", "top2", "top1")),
-              f"top2 evals / full {evals['top2'] / evals['full']:.2f} (target <= 0.5)"]
-    rows.append({"part": "ddm", "what": "targets", "detail": "; ".join(checks)})
+    checks = [f"{versus_floor}{target('<= 3x')}",
+              f"monolith / full {mono / scores['full']:.1f}x{target('>= 5x')}",
+              *(f"uniform / {m} {scores['uniform'] / scores[m]:.1f}x{target('>= 10x')}"
+                for m in ("full", "top2", "top1")),
+              f"top2 evals / full {evals['top2'] / evals['full']:.2f}{target('<= 0.5')}"]
+    rows.append({"part": part, "what": "targets" if targets else "ratios", "detail": "; ".join(checks)})
     return rows
+
+
+# --- DDM on scikit-learn's digits ----------------------------------------------------------------------
+
+DIGITS_WIDTH, DIGITS_MONOLITH_WIDTH = 128, 286  # 51,648 parameters an expert; 205,698 ~ 4 x 51,648
+
+
+def digits_models(args) -> dict:
+    """``ddm_models`` on the digits, with a classifier (logistic regression on the training images)
+    to judge samples by the classes they are labelled as."""
+    from meshd.testing import digits as dg
+    from meshd.testing import experts_kit as kit
+
+    torch.set_num_threads(1)  # as ddm() samples: the same numbers whichever parts ran before
+    started = time.perf_counter()
+    data = dg.digits_data()
+    models = kit.train_ddm_on(data["train"], data["held"], data["held2"], args.ddm_steps, width=DIGITS_WIDTH,
+                              monolith_width=DIGITS_MONOLITH_WIDTH)
+    classify = dg.digit_classifier(data["train"], data["train_y"])
+    log(f"[digits] trained 4 experts, the router, the monolith and the classifier in "
+        f"{time.perf_counter() - started:.0f} s")
+
+    def judge(x: torch.Tensor) -> dict:
+        c = dg.coverage(classify(x.clamp(-1, 1)))
+        most, least = (c["counts"].index(f(c["counts"])) for f in (max, min))
+        return {"classes": c["covered"], "H bits": c["entropy"],
+                "shares max/min": f"{c['max_share']:.3f} ({most}) / {c['min_share']:.3f} ({least})"}
+
+    held, labels = torch.cat([data["held"], data["held2"]]), torch.cat([data["held_y"], data["held2_y"]])
+    models.update(judge=judge, accuracy=float((classify(held) == labels).float().mean()),
+                  clusters=[torch.bincount(data["train_y"][models["assign"] == k], minlength=10).tolist()
+                            for k in range(len(models["experts"]))])
+    return models
+
+
+async def digits(args, root: Path, models: dict) -> list[dict]:
+    def top(counts: list[int]) -> str:
+        ranked = sorted(range(10), key=lambda d: -counts[d])[:3]
+        return f"{sum(counts)} images, mostly " + ", ".join(f"{d} ({counts[d]})" for d in ranked)
+
+    rows = [{"part": "digits", "what": "classifier: logistic regression, held-out accuracy",
+             "detail": f"{models['accuracy']:.3f} on {len(models['held']) + len(models['held2'])} held-out images"},
+            {"part": "digits", "what": "k-means clusters of the training images",
+             "detail": "; ".join(f"c{k}: {top(counts)}" for k, counts in enumerate(models["clusters"]))}]
+    return rows + await ddm(args, root, models, part="digits")
 
 
 async def faults(args, root: Path, models: dict) -> list[dict]:
@@ -420,12 +484,14 @@ def fmt(value) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the script)")
-    parser.add_argument("--skip", default="", help="comma list of parts: serving,ddm,faults,hdee")
+    parser.add_argument("--skip", default="", help="comma list of parts: serving,ddm,digits,faults,hdee")
     parser.add_argument("--callers", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--hm-python", default="/tmp/hm-venv/bin/python", help="hivemind's venv (../shared/anchors/setup)")
-    parser.add_argument("--samples", type=int, default=2000, help="DDM samples per mode (and held-out points)")
-    parser.add_argument("--ddm-steps", type=int, default=800, help="training steps per DDM expert and the router")
+    parser.add_argument("--samples", type=int, default=2000,
+                        help="DDM samples per mode (and the grid's held-out points), on the grid and the digits")
+    parser.add_argument("--ddm-steps", type=int, default=800,
+                        help="training steps per DDM expert and the router, on the grid and the digits")
     parser.add_argument("--ddm-sample-steps", type=int, default=50, help="Euler steps per sample")
     parser.add_argument("--hdee-seeds", type=int, default=2)
     parser.add_argument("--hdee-chars", type=int, default=150_000, help="characters read per text domain")
@@ -447,21 +513,25 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="meshd-experts-") as tmp:
         root = Path(tmp)
-        models: dict = {}
+        grid: dict = {}
+        digit: dict = {}
 
-        def with_models(part):
+        def with_models(part, models: dict, train):
             def run():
                 if not models:
-                    models.update(ddm_models(args))
+                    models.update(train(args))
                 return trio.run(part, args, root, models)
             return run
 
-        parts = [("serving", lambda: trio.run(serving, args, root)), ("ddm", with_models(ddm)),
-                 ("faults", with_models(faults)), ("hdee-faults", lambda: trio.run(hdee_faults, args, root)),
+        parts = [("serving", lambda: trio.run(serving, args, root)), ("ddm", with_models(ddm, grid, ddm_models)),
+                 ("digits", with_models(digits, digit, digits_models)),
+                 ("faults", with_models(faults, grid, ddm_models)),
+                 ("hdee-faults", lambda: trio.run(hdee_faults, args, root)),
                  ("hdee", lambda: trio.run(hdee, args, root))]
         rows, rc = run_parts(parts, args.skip, lambda name, msg: {"part": name, "what": "FAILED", "detail": msg},
                              {"part": "-", "what": "interrupted"})
-    columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "mmd2", "evals", "bpc", "detail"]
+    columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "mmd2", "evals", "classes", "H bits", "shares max/min",
+               "bpc", "detail"]
     table = Table(title=f"Experts on the mesh, 127.0.0.1, {torch.get_num_threads()} torch thread(s) "
                         f"(run took {time.perf_counter() - started:.0f} s)", title_justify="left")
     for col in columns:

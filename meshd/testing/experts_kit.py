@@ -15,7 +15,9 @@ networked ensemble is measured against:
 * **DDM** (decentralized diffusion models, here flow matching).  A grid of
   Gaussians in 2-D, k-means to partition the data into clusters (one expert
   each), a velocity MLP, a router MLP, trainers, an Euler sampler, MMD, and
-  :func:`train_ddm`, the whole setup the benchmark and the example use.
+  :func:`train_ddm_on`, the whole setup on any data, which the benchmark and
+  the example use on the grid (:func:`train_ddm`) and the benchmark on
+  scikit-learn's digits (``meshd.testing.digits``).
 
 Flow-matching convention, used by every function here: noise x0 ~ N(0, I) at
 t = 0, data x1 at t = 1, x_t = (1 − t)·x0 + t·x1, target velocity x1 − x0;
@@ -49,7 +51,7 @@ __all__ = [
     "CharLM", "RouterMLP", "VelocityMLP",
     "bpc", "branch", "domain_text", "encode",
     "grid_gaussians", "kmeans", "median_distance", "mmd", "param_count", "sample_flow", "splits", "time_features",
-    "token_logprobs", "train_ddm", "train_flow", "train_lm", "train_router",
+    "token_logprobs", "train_ddm", "train_ddm_on", "train_flow", "train_lm", "train_router",
 ]
 
 # --------------------------------------------------------------------------- text domains (HDEE)
@@ -409,26 +411,38 @@ def mmd(x: torch.Tensor, y: torch.Tensor, *, bandwidths: Iterable[float] = MMD_B
     return kxx + kyy - 2.0 * kxy
 
 
-def train_ddm(steps: int, samples: int, *, clusters: int = 4, monolith: bool = False) -> dict:
-    """The DDM setup on the 4 × 4 grid, trained in this process (seeded): 8000 training
-    points cut by k-means into ``clusters``, one :class:`VelocityMLP` per cluster and a
-    :class:`RouterMLP`, ``steps`` steps each; with ``monolith``, one VelocityMLP of width
-    512 (about 4 experts' parameters) trained ``clusters × steps`` steps on all of it.
-    Returns ``held`` (``samples`` held-out points), ``floor`` (MMD² between two held-out
-    draws), ``experts``, ``router``, ``monolith`` (or None) and ``params`` (expert, monolith)."""
-    train, held, held2 = (grid_gaussians(n, seed=s) for n, s in ((8000, 0), (samples, 1), (samples, 2)))
+def train_ddm_on(train: torch.Tensor, held: torch.Tensor, held2: torch.Tensor, steps: int, *, clusters: int = 4,
+                 width: int = 256, monolith_width: int | None = None) -> dict:
+    """The DDM setup on any data [N, D], trained in this process (seeded): ``train`` cut by
+    k-means into ``clusters``, one :class:`VelocityMLP` of ``width`` per cluster and a
+    :class:`RouterMLP`, ``steps`` steps each; with ``monolith_width``, one VelocityMLP that
+    wide (pick it to match the experts' total parameters) trained ``clusters × steps``
+    steps on all of ``train``.  Returns ``held``, ``held2``, ``floor`` (MMD² between the
+    two held-out sets), ``experts``, ``router``, ``monolith`` (or None), ``params`` (one
+    expert's, the monolith's), ``dim``, ``steps`` and ``assign`` (each training row's
+    cluster)."""
+    dim = train.shape[1]
     assign, _ = kmeans(train, clusters, seed=0)
     experts = []
     for k in range(clusters):
-        expert = VelocityMLP(2, seed=k)
+        expert = VelocityMLP(dim, width, seed=k)
         train_flow(expert, train[assign == k], steps, seed=k)
         experts.append(expert.eval())
-    router = RouterMLP(2, clusters, seed=9)
+    router = RouterMLP(dim, clusters, width, seed=9)
     train_router(router, train, assign, steps, seed=9)
     mono = None
-    if monolith:
-        mono = VelocityMLP(2, width=512, seed=7)
+    if monolith_width:
+        mono = VelocityMLP(dim, width=monolith_width, seed=7)
         train_flow(mono, train, clusters * steps, seed=7)
         mono.eval()
-    return {"held": held, "floor": mmd(held2, held), "experts": experts, "router": router.eval(),
-            "monolith": mono, "params": (param_count(experts[0]), param_count(mono) if mono else None)}
+    return {"held": held, "held2": held2, "floor": mmd(held2, held), "experts": experts, "router": router.eval(),
+            "monolith": mono, "params": (param_count(experts[0]), param_count(mono) if mono else None),
+            "dim": dim, "steps": steps, "assign": assign}
+
+
+def train_ddm(steps: int, samples: int, *, clusters: int = 4, monolith: bool = False) -> dict:
+    """:func:`train_ddm_on` the 4 × 4 grid: 8000 training points, ``samples`` held-out points
+    and as many more for the floor; with ``monolith``, a monolith of width 512 (about 4
+    experts' parameters)."""
+    train, held, held2 = (grid_gaussians(n, seed=s) for n, s in ((8000, 0), (samples, 1), (samples, 2)))
+    return train_ddm_on(train, held, held2, steps, clusters=clusters, monolith_width=512 if monolith else None)

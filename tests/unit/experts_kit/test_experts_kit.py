@@ -11,14 +11,6 @@ from experts import ddm
 from meshd.testing import experts_kit as ek
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def licenses(tmp_path, monkeypatch):
     """A licenses directory of three files (written out of order) and a link to one of them."""
