@@ -200,12 +200,14 @@ class DhtNode:
         raise Unreachable(f"no answer to {method} within {self.config.request_timeout} s")
 
     async def _lookup(self, target: bytes, method: str, msg: dict,
-                      on_reply: Callable[[Lookup, Contact, dict], list[Contact]]) -> Lookup:
-        """Run one iterative lookup.  ``on_reply`` checks a peer's answer (raising
-        Refused if it is unusable) and returns the contacts it names."""
+                      on_reply: Callable[[Lookup, Contact, dict], list[Contact]], *,
+                      alpha: int | None = None) -> Lookup:
+        """Run one iterative lookup with ``alpha`` queries in flight (default: the
+        config's).  ``on_reply`` checks a peer's answer (raising Refused if it is
+        unusable) and returns the contacts it names."""
         cfg = self.config
         seeds = [c for c in self.table.closest(target, cfg.k + len(self._failed)) if self._usable(c)]
-        lookup = Lookup(target, seeds[:cfg.k], k=cfg.k, alpha=cfg.alpha,
+        lookup = Lookup(target, seeds[:cfg.k], k=cfg.k, alpha=alpha or cfg.alpha,
                         beta=cfg.beta, exclude=self.public_key)
         self.table.touch(target, self.clock())
         send, receive = trio.open_memory_channel(math.inf)
@@ -411,10 +413,11 @@ class DhtNode:
             if not known or len(self.table) >= self.config.k:
                 return await store_at(await self.find_node(target))
             # Knowing fewer than k others, its k closest are all it knows: the answer unless
-            # the lookup turns up strangers, which it stores at after (as libp2p's
+            # a lookup turns up strangers, which it stores at after (as libp2p's
             # optimistic provide does, the put does not wait for the lookup).
+            accepted = await store_at(known)
             nursery.start_soon(lookup_then_store)
-            return await store_at(known)
+            return accepted
 
     async def put_records(self, records: list[Record]) -> dict[bytes, int]:
         """Store signed records at the k nodes closest to each key, several
@@ -469,7 +472,9 @@ class DhtNode:
                     lookup.stop()
             return nodes
 
-        lookup = await self._lookup(key_id(key), GET_VALUE, {"keys": [key]}, on_reply)
+        # Enough queries in the first round to reach the quorum in one round trip.
+        lookup = await self._lookup(key_id(key), GET_VALUE, {"keys": [key]}, on_reply,
+                                    alpha=max(self.config.alpha, self.config.get_quorum - count))
         candidates = [r for _, r in found] + ([local] if local else [])
         best = self.validators.best(candidates) if candidates else None
         return best, found, lookup
