@@ -1,12 +1,22 @@
-"""What both commands share: the data-dir default and one-line errors."""
+"""What both commands share: the data-dir default and one-line errors; and what
+``meshctl``'s commands share: adding them, and rich output.
+
+rich is imported when something is printed, not with these modules: ``--help``
+and ``--json`` never load it (docs/performance.md, "meshctl start-up").
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 DEFAULT_DATA_DIR = "~/.meshd"
 
@@ -53,11 +63,24 @@ def command_group(subparsers, common: argparse.ArgumentParser, name: str, help: 
     return command_adder(group.add_subparsers(dest=f"{name}_command", required=True), common)
 
 
-def rows_table(title: str, rows: list[dict], columns: list[str]):
-    """A rich table of ``rows`` (dicts) with ``columns``; a missing value shows as "-"."""
+@functools.cache
+def console(*, stderr: bool = False) -> Console:
+    """The rich console printing to stdout (or stderr, for progress), made on first use."""
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def rich_table(**options) -> Table:
+    """``rich.table.Table(**options)``, rich loaded on first use."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    return Table(**options)
+
+
+def rows_table(title: str, rows: list[dict], columns: list[str]) -> Table:
+    """A rich table of ``rows`` (dicts) with ``columns``; a missing value shows as "-"."""
+    table = rich_table(title=title, title_justify="left")
     for col in columns:
         table.add_column(col)
     for row in rows:

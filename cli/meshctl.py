@@ -4,6 +4,11 @@ Every command prints a rich table or line for people, or JSON with ``--json``
 for scripts.  Failures are one line on stderr and exit code 1 (2 for usage).
 The commands live in :mod:`cli.commands`, one module per capability, named
 as the service is (``node`` is the core's).
+
+A command starts in about a tenth of a second (docs/performance.md): it
+imports no trio, no daemon and no QUIC, only the client's methods, which run
+over a blocking socket (:mod:`meshd.client.blocking`), and rich once it
+prints.  ``tests/unit/meshd/test_lazy_imports.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -11,9 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 
-import trio
-
 import meshd
+from meshd.client.blocking import BlockingClient, run
+from meshd.control.socket import socket_path
 
 from .commands import crdt, dht, experts, learning, nat, node, shards
 from .common import data_dir_argument, fail
@@ -36,8 +41,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _run(args) -> None:
-    async with meshd.connect(args.data_dir) as client:
-        result, show = await args.func(client, args)
+    client = BlockingClient(socket_path(args.data_dir))
+    await client.id()  # DaemonNotRunning before anything else, as meshd.connect does
+    result, show = await args.func(client, args)
     if show is None:  # the command printed as it went
         return
     if args.json:
@@ -51,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     if getattr(args, "count", 1) < 1:
         fail("meshctl", "--count must be at least 1", 2)
     try:
-        trio.run(_run, args)
+        run(_run, args)
     except KeyboardInterrupt:
         raise SystemExit(130)
     except meshd.DaemonNotRunning as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
 
@@ -47,7 +48,32 @@ def cmd_start(args: argparse.Namespace) -> None:
     level = (args.log_level or config.node.log_level).upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     logging.getLogger("quic").setLevel(logging.WARNING)
-    trio.run(_run, args)
+    try:
+        try:
+            trio.run(_run, args)
+        except BaseExceptionGroup as group:  # a start that failed inside the node's nurseries
+            raise _the_cause(group) from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise _port_in_use(args.listen or config.node.listen) from None
+        raise
+
+
+def _the_cause(group: BaseExceptionGroup) -> BaseException:
+    """The one error (not counting the cancellations it caused) a failed start raised, or the group."""
+    leaves, todo = [], [group]
+    while todo:
+        exc = todo.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            todo.extend(exc.exceptions)
+        elif not isinstance(exc, trio.Cancelled):
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else group
+
+
+def _port_in_use(listen: object) -> RuntimeError:
+    return RuntimeError(f"UDP {listen} is in use by another program (another meshd?); "
+                        "pick a free port with --listen HOST:PORT or [node] listen in config.toml")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,37 +13,53 @@ The layout (``docs/architecture.md`` has the picture and the rules):
 
 The public surface: :func:`open_node` runs a node in-process, :func:`connect`
 talks to a running daemon, and the RPC errors, identities and addresses they use.
+Each name is imported from its module on first use (:mod:`._lazy`), so
+``meshd.connect`` loads the client, not the daemon, QUIC or the services.
 """
 
-from ._version import __version__
-from .address import AddressError, HostPort, PeerAddr
-from .client import Client, DaemonNotRunning, RemoteDocument, connect
-from .config import ConfigError
-from .daemon import SERVICES, Config, open_node
-from .identity import Identity, IdentityError, PeerId, PeerIdError
-from .node import Node, ServiceOff
-from .rpc import (
-    CallContext,
-    Cancelled,
-    DeadlineExceeded,
-    FrameTooLargeError,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    ProtocolViolation,
-    ResourceExhausted,
-    RpcError,
-    Unavailable,
-    UnknownMethod,
-)
-from .service import Host, Service
+from __future__ import annotations
 
-__all__ = [
-    "AddressError", "CallContext", "Cancelled", "Client", "Config", "ConfigError",
-    "DaemonNotRunning", "DeadlineExceeded", "FrameTooLargeError", "Host", "HostPort", "Identity",
-    "IdentityError", "Internal", "InvalidArgument", "Node", "NotFound", "PeerAddr", "PeerId",
-    "PeerIdError", "PermissionDenied", "ProtocolViolation", "RemoteDocument", "ResourceExhausted",
-    "RpcError", "SERVICES", "Service", "ServiceOff", "Unavailable", "UnknownMethod", "__version__",
-    "connect", "open_node",
-]
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
+from ._version import __version__
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    ".address": ["AddressError", "HostPort", "PeerAddr"],
+    ".client": ["Client", "DaemonNotRunning", "RemoteDocument", "connect"],
+    ".config": ["ConfigError"],
+    ".daemon": ["SERVICES", "Config", "open_node"],
+    ".identity": ["Identity", "IdentityError", "PeerId", "PeerIdError"],
+    ".node": ["Node", "ServiceOff"],
+    ".rpc": [
+        "CallContext", "Cancelled", "DeadlineExceeded", "FrameTooLargeError", "Internal",
+        "InvalidArgument", "NotFound", "PermissionDenied", "ProtocolViolation", "ResourceExhausted",
+        "RpcError", "Unavailable", "UnknownMethod",
+    ],
+    ".service": ["Host", "Service"],
+})
+__all__ += ["__version__"]
+
+if TYPE_CHECKING:
+    from .address import AddressError, HostPort, PeerAddr
+    from .client import Client, DaemonNotRunning, RemoteDocument, connect
+    from .config import ConfigError
+    from .daemon import SERVICES, Config, open_node
+    from .identity import Identity, IdentityError, PeerId, PeerIdError
+    from .node import Node, ServiceOff
+    from .rpc import (
+        CallContext,
+        Cancelled,
+        DeadlineExceeded,
+        FrameTooLargeError,
+        Internal,
+        InvalidArgument,
+        NotFound,
+        PermissionDenied,
+        ProtocolViolation,
+        ResourceExhausted,
+        RpcError,
+        Unavailable,
+        UnknownMethod,
+    )
+    from .service import Host, Service

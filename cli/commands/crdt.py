@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-
-from rich.console import Console
-from rich.pretty import Pretty
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 import meshd
 from meshd.client.crdt import split_path
 
-from ..common import command_group
+from ..common import command_group, console, rich_table
 
-console = Console()
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def _value(text: str) -> object:
@@ -39,11 +37,11 @@ def _element(text: str) -> int | str:
 
 def _written(args, change: str) -> tuple[dict, object]:
     result = {"doc": args.doc, "change": change}
-    return result, lambda: console.print(f"{args.doc}: change {change[:16]} stored", highlight=False)
+    return result, lambda: console().print(f"{args.doc}: change {change[:16]} stored", highlight=False)
 
 
 def _info_table(info: dict) -> Table:
-    table = Table(show_header=False, box=None)
+    table = rich_table(show_header=False, box=None)
     for key, value in info.items():
         table.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
     return table
@@ -52,12 +50,12 @@ def _info_table(info: dict) -> Table:
 async def cmd_ls(client: meshd.Client, args) -> object:
     rows = await client.documents()
     columns = ["doc", "changes", "heads", "pending", "writable", "public"]
-    table = Table(title=f"{len(rows)} documents", title_justify="left")
+    table = rich_table(title=f"{len(rows)} documents", title_justify="left")
     for col in columns + ["peers"]:
         table.add_column(col)
     for row in rows:
         table.add_row(*(str(row[c]) for c in columns), str(len(row["peers"])))
-    return rows, lambda: console.print(table)
+    return rows, lambda: console().print(table)
 
 
 async def cmd_create(client: meshd.Client, args) -> object:
@@ -65,17 +63,23 @@ async def cmd_create(client: meshd.Client, args) -> object:
     if args.public:
         await doc.grant("anyone", "reader")
     info = await doc.info()
-    return info, lambda: console.print(f"created {info['doc']}", highlight=False, soft_wrap=True)
+    return info, lambda: console().print(f"created {info['doc']}", highlight=False, soft_wrap=True)
 
 
 async def cmd_info(client: meshd.Client, args) -> object:
     info = await (await client.document(args.doc)).info()
-    return info, lambda: console.print(_info_table(info))
+    return info, lambda: console().print(_info_table(info))
 
 
 async def cmd_get(client: meshd.Client, args) -> object:
     value = await (await client.document(args.doc)).get(args.path)
-    return value, lambda: console.print(Pretty(value))
+
+    def show() -> None:
+        from rich.pretty import Pretty
+
+        console().print(Pretty(value))
+
+    return value, show
 
 
 async def cmd_set(client: meshd.Client, args) -> object:
@@ -111,23 +115,23 @@ async def cmd_grant(client: meshd.Client, args) -> object:
 async def cmd_sync(client: meshd.Client, args) -> object:
     result = await (await client.document(args.doc)).sync(args.peer)
     rows = [{"peer": peer, **stats} for peer, stats in result.items()]
-    table = Table(title=f"synced {args.doc} with {len(rows)} peers", title_justify="left")
+    table = rich_table(title=f"synced {args.doc} with {len(rows)} peers", title_justify="left")
     columns = ("peer", "sent", "received", "rounds", "error")
     for col in columns:
         table.add_column(col)
     for row in rows:
         table.add_row(*(str(row.get(c, "")) for c in columns))
-    return result, lambda: console.print(table)
+    return result, lambda: console().print(table)
 
 
 async def cmd_compact(client: meshd.Client, args) -> object:
     result = await client.request("crdt.compact", {"doc": args.doc})
-    return result, lambda: console.print(f"{args.doc}: {result['folded']} changes folded into a snapshot")
+    return result, lambda: console().print(f"{args.doc}: {result['folded']} changes folded into a snapshot")
 
 
 async def cmd_forget(client: meshd.Client, args) -> object:
     result = await client.request("crdt.forget", {"doc": args.doc})
-    return result, lambda: console.print(f"{result['forgotten']}: no longer kept here", highlight=False)
+    return result, lambda: console().print(f"{result['forgotten']}: no longer kept here", highlight=False)
 
 
 async def cmd_watch(client: meshd.Client, args) -> object:
@@ -142,7 +146,7 @@ async def cmd_watch(client: meshd.Client, args) -> object:
             else:
                 ops = "; ".join(" ".join(str(v) if k != "path" else "/".join(v) for k, v in o.items())
                                 for o in event["ops"])
-                console.print(f"{event['author'][:12]} {event['change'][:12]} {ops}", highlight=False)
+                console().print(f"{event['author'][:12]} {event['change'][:12]} {ops}", highlight=False)
             seen += 1
             if args.count and seen >= args.count:
                 break

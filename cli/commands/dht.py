@@ -5,15 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from rich.console import Console
-from rich.table import Table
-
 import meshd
-from dht.records import RecordError, owned_key
 
-from ..common import command_group, rows_table
-
-console = Console()
+from ..common import command_group, console, rich_table, rows_table
 
 
 def _bytes(text: str) -> bytes:
@@ -46,6 +40,8 @@ async def _record_key(client: meshd.Client, args) -> bytes:
         return name if name.startswith(b"/") else b"/open/" + name
     if name.startswith(b"/"):
         raise meshd.InvalidArgument("--owned takes a NAME without a leading '/'")
+    from dht.records import RecordError, owned_key
+
     peer_id = meshd.PeerId.from_string((await client.id())["peer_id"])
     try:
         return owned_key(peer_id.key, name)
@@ -57,8 +53,8 @@ async def cmd_dht_put(client: meshd.Client, args) -> object:
     key = await _record_key(client, args)
     replicas = await client.dht_put(key, _bytes(args.value), ttl=args.ttl)
     result = {"key": _shown(key), "replicas": replicas}
-    return result, lambda: console.print(f"stored {result['key']} on {_nodes(replicas)}",
-                                         highlight=False, soft_wrap=True)
+    return result, lambda: console().print(f"stored {result['key']} on {_nodes(replicas)}",
+                                           highlight=False, soft_wrap=True)
 
 
 async def cmd_dht_get(client: meshd.Client, args) -> object:
@@ -69,12 +65,12 @@ async def cmd_dht_get(client: meshd.Client, args) -> object:
     result = {**record, "key": _shown(record["key"]), "value": _shown(record["value"])}
 
     def show() -> None:
-        table = Table(show_header=False, box=None)
+        table = rich_table(show_header=False, box=None)
         for name in ("key", "value", "author", "seq"):
             table.add_row(name, str(result[name]))
         expires = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(result["expires"]))
         table.add_row("expires", f"{expires} (in {max(0, result['expires'] - time.time()) / 60:.0f} min)")
-        console.print(table)
+        console().print(table)
 
     return result, show
 
@@ -82,14 +78,14 @@ async def cmd_dht_get(client: meshd.Client, args) -> object:
 async def cmd_dht_provide(client: meshd.Client, args) -> object:
     replicas = await client.dht_provide(_bytes(args.key))
     result = {"key": args.key, "replicas": replicas}
-    return result, lambda: console.print(f"announced as a provider of {args.key} to {_nodes(replicas)}",
-                                         highlight=False, soft_wrap=True)
+    return result, lambda: console().print(f"announced as a provider of {args.key} to {_nodes(replicas)}",
+                                           highlight=False, soft_wrap=True)
 
 
 async def cmd_dht_providers(client: meshd.Client, args) -> object:
     rows = await client.dht_providers(_bytes(args.key), count=args.count)
     table_rows = [{**row, "addrs": ", ".join(row["addrs"])} for row in rows]
-    return rows, lambda: console.print(
+    return rows, lambda: console().print(
         rows_table(f"{len(rows)} providers of {args.key}", table_rows, ["peer_id", "addrs"]))
 
 
@@ -98,7 +94,7 @@ async def cmd_dht_routing(client: meshd.Client, args) -> object:
     rows = [{**row, "addrs": ", ".join(row["addrs"])} for row in info["contacts"]]
     title = (f"DHT in {info['mode']} mode; contacts: {info['size']}, records held: {info['records']}, "
              f"keys provided: {info['providing']}")
-    return info, lambda: console.print(rows_table(title, rows, ["peer_id", "bucket", "addrs"]))
+    return info, lambda: console().print(rows_table(title, rows, ["peer_id", "bucket", "addrs"]))
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:

@@ -17,13 +17,10 @@ import json
 import sys
 from array import array
 
-from rich.console import Console
-
 import meshd
 
-from ..common import command_group, fail, rows_table
+from ..common import command_group, console, fail, rows_table
 
-out = Console()
 TYPECODES = {"float32": "f", "float64": "d", "int64": "q", "int32": "i", "int16": "h", "int8": "b",
              "uint8": "B", "bool": "B"}
 
@@ -80,7 +77,7 @@ async def cmd_ls(client: meshd.Client, args) -> object:
              for r in rows]
     table = rows_table(f"{len(rows)} experts", shown,
                        ["expert", "kind", "domain", "params", "model", "servers", "queued", "calls", "ms/batch", "error"])
-    return rows, lambda: out.print(table)
+    return rows, lambda: console().print(table)
 
 
 def _ms(value) -> str | None:
@@ -96,10 +93,10 @@ async def cmd_call(client: meshd.Client, args) -> object:
               "outputs": [{"dtype": o["dtype"], "shape": o["shape"], "values": unpack(o)} for o in reply["outputs"]]}
 
     def show() -> None:
-        out.print(f"{args.expert} on {result['peer'][:16]}: {result['ms']} ms, batch of {result['batch']}")
+        console().print(f"{args.expert} on {result['peer'][:16]}: {result['ms']} ms, batch of {result['batch']}")
         for i, o in enumerate(result["outputs"]):
-            out.print(f"output {i}: {o['dtype']} {o['shape']}")
-            out.print(json.dumps(o["values"])[:2000])
+            console().print(f"output {i}: {o['dtype']} {o['shape']}")
+            console().print(json.dumps(o["values"])[:2000])
 
     return result, show
 

@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-
 import meshd
 
-from ..common import command_group, rows_table
-
-out = Console()
+from ..common import command_group, console, rows_table
 
 
 def _mb(n: int) -> str:
@@ -29,7 +25,7 @@ async def cmd_ls(client: meshd.Client, args) -> object:
               "hash": (r["hash"] or "-")[:12]} for r in rows]
     table = rows_table(f"{len(rows)} training groups", shown,
                        ["group", "algorithm", "rule", "round", "live", "in MB", "out MB", "hash"])
-    return rows, lambda: out.print(table)
+    return rows, lambda: console().print(table)
 
 
 async def cmd_status(client: meshd.Client, args) -> object:
@@ -43,7 +39,7 @@ async def cmd_status(client: meshd.Client, args) -> object:
              f"{len(info['members'])} members")
     table = rows_table(title, shown, ["peer", "round", "seen s ago", "path", "samples", "clipped",
                                       "hash", "agrees"])
-    return info, lambda: out.print(table)
+    return info, lambda: console().print(table)
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:

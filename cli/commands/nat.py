@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-from rich.table import Table
-
 import meshd
 
-from ..common import command_adder
-
-console = Console()
+from ..common import command_adder, console, rich_table
 
 
 async def cmd_nat(client: meshd.Client, args) -> object:
@@ -20,7 +15,7 @@ async def cmd_nat(client: meshd.Client, args) -> object:
     result = await client.nat(discover=args.discover, autonat=args.autonat)
 
     def show() -> None:
-        table = Table(show_header=False, box=None)
+        table = rich_table(show_header=False, box=None)
         table.add_row("listen", result["listen"])
         for server, mapped in result["reflexive"].items():
             table.add_row(f"reflexive via {server}", mapped)
@@ -41,7 +36,7 @@ async def cmd_nat(client: meshd.Client, args) -> object:
         for relay, left in result["relay_reservations"].items():
             table.add_row(f"relay reservation at {relay[:10]}...", f"{left} s left")
         table.add_row("STUN requests answered", str(result["stun_answered"]))
-        console.print(table)
+        console().print(table)
 
     return result, show
 
@@ -50,13 +45,13 @@ async def cmd_relay(client: meshd.Client, args) -> object:
     result = await client.relay(reserve=args.reserve)
 
     def show() -> None:
-        table = Table(show_header=False, box=None)
+        table = rich_table(show_header=False, box=None)
         table.add_row("relaying for others", "on" if result["enabled"] else "off ([relay] enabled)")
         for peer, held in result["serving"].items():
             table.add_row(f"serving {peer[:10]}...", f"{held['circuits']} circuits, {held['expires_in']} s left")
         for peer, left in result["reserved_at"].items():
             table.add_row(f"reserved at {peer[:10]}...", f"{left} s left")
-        console.print(table)
+        console().print(table)
 
     return result, show
 
@@ -64,7 +59,7 @@ async def cmd_relay(client: meshd.Client, args) -> object:
 async def cmd_punch(client: meshd.Client, args) -> object:
     result = {"peer_id": args.peer, "punched": await client.punch(args.peer)}
     text = "direct path punched to" if result["punched"] else "hole punching failed; still relayed to"
-    return result, lambda: console.print(f"{text} {args.peer}", highlight=False)
+    return result, lambda: console().print(f"{text} {args.peer}", highlight=False)
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:

@@ -5,29 +5,24 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
-from rich.table import Table
-
 import meshd
 
-from ..common import command_adder, rows_table
-
-console = Console()
+from ..common import command_adder, console, rich_table, rows_table
 
 
 async def cmd_id(client: meshd.Client, args) -> object:
     result = await client.id()
-    return result, lambda: console.print(result["address"], highlight=False, soft_wrap=True)
+    return result, lambda: console().print(result["address"], highlight=False, soft_wrap=True)
 
 
 async def cmd_status(client: meshd.Client, args) -> object:
     result = await client.status()
 
     def show() -> None:
-        table = Table(show_header=False, box=None)
+        table = rich_table(show_header=False, box=None)
         for key, value in result.items():
             table.add_row(key, _shown(value))
-        console.print(table)
+        console().print(table)
 
     return result, show
 
@@ -44,7 +39,7 @@ def _shown(value: object) -> str:
 async def cmd_peers(client: meshd.Client, args) -> object:
     rows = await client.peers()
     columns = ["peer_id", "address", "path", "direction", "rtt_ms", "connected_s", "streams"]
-    return rows, lambda: console.print(rows_table(f"{len(rows)} connected peers", rows, columns))
+    return rows, lambda: console().print(rows_table(f"{len(rows)} connected peers", rows, columns))
 
 
 async def cmd_ping(client: meshd.Client, args) -> object:
@@ -52,11 +47,11 @@ async def cmd_ping(client: meshd.Client, args) -> object:
     for _ in range(args.count):
         rtts.append(await client.ping(args.peer))
         if not args.json:
-            console.print(f"reply from {args.peer[:10]}...: {rtts[-1]:.3f} ms", highlight=False)
+            console().print(f"reply from {args.peer[:10]}...: {rtts[-1]:.3f} ms", highlight=False)
     rtts.sort()
     result = {"peer_id": args.peer, "rtt_ms": rtts, "min_ms": rtts[0],
               "median_ms": rtts[len(rtts) // 2], "max_ms": rtts[-1]}
-    return result, lambda: console.print(
+    return result, lambda: console().print(
         f"{len(rtts)} pings: min {rtts[0]:.3f} / median {result['median_ms']:.3f} / max {rtts[-1]:.3f} ms",
         highlight=False,
     )
@@ -64,14 +59,14 @@ async def cmd_ping(client: meshd.Client, args) -> object:
 
 async def cmd_connect(client: meshd.Client, args) -> object:
     result = {"peer_id": await client.connect(args.addr, via=args.via)}
-    return result, lambda: console.print(f"connected to {result['peer_id']}", highlight=False)
+    return result, lambda: console().print(f"connected to {result['peer_id']}", highlight=False)
 
 
 async def cmd_disconnect(client: meshd.Client, args) -> object:
     done = await client.disconnect(args.peer)
     result = {"peer_id": args.peer, "disconnected": done}
     text = "disconnected" if done else "was not connected to"
-    return result, lambda: console.print(f"{text} {args.peer}", highlight=False)
+    return result, lambda: console().print(f"{text} {args.peer}", highlight=False)
 
 
 async def cmd_call(client: meshd.Client, args) -> object:
@@ -80,7 +75,7 @@ async def cmd_call(client: meshd.Client, args) -> object:
     except json.JSONDecodeError as exc:
         raise meshd.InvalidArgument(f"ARG is not JSON: {exc}") from None
     result = await client.call(args.peer, args.method, arg, timeout=args.timeout)
-    return result, lambda: console.print_json(data=result, default=repr)
+    return result, lambda: console().print_json(data=result, default=repr)
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:

@@ -8,16 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
-from rich.table import Table
-
 import meshd
 
-from ..common import command_group
-
-console = Console(stderr=True)
-out = Console()
+from ..common import command_group, console, rich_table
 
 
 def _model_line(info: dict) -> str:
@@ -27,11 +20,13 @@ def _model_line(info: dict) -> str:
 
 async def cmd_publish(client: meshd.Client, args) -> object:
     info = await client.publish_model(args.file, args.name, args.version)
-    return info, lambda: out.print(f"published {_model_line(info)}", highlight=False)
+    return info, lambda: console().print(f"published {_model_line(info)}", highlight=False)
 
 
 async def cmd_fetch(client: meshd.Client, args) -> object:
     """Pull REF, with a progress bar on stderr (unless --json), and write -o FILE."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
     final: dict = {}
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     bar = None  # shown from the first progress item, so an early error stays one line
@@ -42,8 +37,8 @@ async def cmd_fetch(client: meshd.Client, args) -> object:
                     final = item
                     break
                 if bar is None:
-                    bar = Progress("[progress.description]{task.description}", *columns, console=console,
-                                   disable=args.json, transient=True)
+                    bar = Progress("[progress.description]{task.description}", *columns,
+                                   console=console(stderr=True), disable=args.json, transient=True)
                     bar.start()
                     task = bar.add_task(args.ref, total=None)
                 providers = sum(1 for p in item["providers"].values() if p["state"] == "fetching")
@@ -52,26 +47,26 @@ async def cmd_fetch(client: meshd.Client, args) -> object:
     finally:
         if bar is not None:
             bar.stop()
-    return final, lambda: out.print(
+    return final, lambda: console().print(
         f"fetched {_model_line(final)}" + (f" -> {final['out']}" if final.get("out") else ""), highlight=False)
 
 
 async def cmd_ls(client: meshd.Client, args) -> object:
     rows = await client.models()
-    table = Table(title=f"{len(rows)} models", title_justify="left")
+    table = rich_table(title=f"{len(rows)} models", title_justify="left")
     for col in ("name", "version", "id", "MB", "present", "publisher"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["name"], str(r["version"]), r["id"][:16], f"{r['bytes'] / 1e6:,.1f}",
                       f"{100 * r['present_bytes'] / max(r['bytes'], 1):.0f} %", r["publisher"][:16])
-    return rows, lambda: out.print(table)
+    return rows, lambda: console().print(table)
 
 
 async def cmd_gc(client: meshd.Client, args) -> object:
     if args.unpin:
         await client.request("shards.unpin", {"id": args.unpin})
     result = await client.request("shards.gc", {"target_bytes": args.target})
-    return result, lambda: out.print(
+    return result, lambda: console().print(
         f"removed {result['removed']} chunks ({result['freed_bytes'] / 1e6:,.1f} MB); "
         f"{result['bytes'] / 1e6:,.1f} MB stored", highlight=False)
 

@@ -8,7 +8,9 @@
 :class:`Client` gathers one set of methods per capability, each in the module
 of the same name as the service it calls (``nat``, ``dht``, ``crdt``,
 ``shards``, ``learning``, ``experts``) plus the node core's (``node``).  It imports no service and not
-the node: only the control socket's location and the RPC frames.
+the node: only the control socket's location and the RPC frames, and trio on
+the first call.  :mod:`.blocking` runs the same methods over a blocking socket
+for callers with no event loop (``meshctl``).
 """
 
 from __future__ import annotations

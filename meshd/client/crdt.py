@@ -18,11 +18,13 @@ A path is a list of map keys, or one string with keys separated by ``/``.
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Sequence
 
-from ..identity import PeerId
-from ..rpc import ResponseStream
 from .base import ControlClient
+
+if TYPE_CHECKING:  # annotations only: meshctl imports this without cryptography or trio
+    from ..identity import PeerId
+    from ..rpc import ResponseStream
 
 KeyPath = str | Sequence[str]
 

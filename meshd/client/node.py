@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from ..identity import PeerId
+from typing import TYPE_CHECKING
+
 from .base import ControlClient
+
+if TYPE_CHECKING:  # annotations only: meshctl imports this without cryptography
+    from ..identity import PeerId
 
 
 class NodeMethods(ControlClient):

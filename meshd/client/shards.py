@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..rpc import ResponseStream
 from .base import ControlClient
+
+if TYPE_CHECKING:  # annotations only: meshctl imports this without trio
+    from ..rpc import ResponseStream
 
 
 class ShardsMethods(ControlClient):

@@ -3,10 +3,21 @@ client library call (mode 0600, and the connecting uid is checked).
 
 The server offers the node core's methods and mounts each service's
 ``control_methods()``; it imports no service.  The client side is
-:mod:`meshd.client`.
+:mod:`meshd.client`.  Names load on first use (:mod:`meshd._lazy`), so a
+client reading :mod:`.socket` does not import the server (nor trio).
 """
 
-from .server import serve_control
-from .socket import MAX_FRAME, SOCKET_FILE, socket_path
+from __future__ import annotations
 
-__all__ = ["MAX_FRAME", "SOCKET_FILE", "serve_control", "socket_path"]
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    ".server": ["serve_control"],
+    ".socket": ["MAX_FRAME", "SOCKET_FILE", "socket_path"],
+})
+
+if TYPE_CHECKING:
+    from .server import serve_control
+    from .socket import MAX_FRAME, SOCKET_FILE, socket_path

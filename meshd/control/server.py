@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 import trio
 
 from ..rpc import RpcServer
-from ..streams import SocketCallStream
+from .stream import SocketCallStream
 from .socket import MAX_FRAME, socket_path
 
 

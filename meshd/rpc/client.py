@@ -18,16 +18,11 @@ from typing import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 import trio
 
 from ..streams import CallStream, StreamAborted
-from ..wire import FrameError, FrameTooLarge
+from ..wire import FrameError
 from . import protocol as P
-from .errors import (
-    DeadlineExceeded,
-    FrameTooLargeError,
-    ProtocolViolation,
-    Unavailable,
-)
+from .errors import DeadlineExceeded, ProtocolViolation
 from .channel import Channel
-from .framed import Framed
+from .framed import Framed, call_error
 
 OpenStream = Callable[[], Awaitable[CallStream]]
 
@@ -40,15 +35,6 @@ def _wire_timeout(deadline: float) -> float | None:
     """Seconds the server may spend: our deadline or an enclosing one, whichever is first."""
     effective = min(deadline, trio.current_effective_deadline())
     return None if effective == math.inf else max(0.0, effective - trio.current_time())
-
-
-def _translate(exc: Exception) -> Exception:
-    """The RpcError a caller sees for a transport or framing failure."""
-    if isinstance(exc, StreamAborted):
-        return Unavailable(f"connection lost during the call: {exc}")
-    if isinstance(exc, FrameTooLarge):
-        return FrameTooLargeError(str(exc))
-    return ProtocolViolation(f"bad reply from peer: {exc}")
 
 
 async def _read_reply(framed: Framed) -> object:
@@ -73,7 +59,7 @@ async def unary_call(
             result = await _read_reply(framed)
         except (StreamAborted, FrameError) as exc:
             stream.abort()
-            raise _translate(exc) from None
+            raise call_error(exc) from None
         except BaseException:
             stream.abort()
             raise
@@ -115,7 +101,7 @@ async def client_stream_call(
             result = await _read_reply(framed)
         except (StreamAborted, FrameError) as exc:
             stream.abort()
-            raise _translate(exc) from None
+            raise call_error(exc) from None
         except BaseException:
             stream.abort()
             raise
@@ -175,7 +161,7 @@ class ResponseStream:
                     eof=True,
                 )
         except (StreamAborted, FrameError) as exc:
-            raise _translate(exc) from None
+            raise call_error(exc) from None
         kind, value = await self._framed.read_answer("peer ended the stream without END")
         if kind == P.ITEM:
             return value

@@ -11,6 +11,15 @@ from .errors import FrameTooLargeError, ProtocolViolation, Unavailable, error_fr
 _SEPARATE_BODY = 64 << 10
 
 
+def call_error(exc: StreamAborted | FrameError) -> Exception:
+    """The RpcError a caller sees for a transport or framing failure."""
+    if isinstance(exc, StreamAborted):
+        return Unavailable(f"connection lost during the call: {exc}")
+    if isinstance(exc, FrameTooLarge):
+        return FrameTooLargeError(str(exc))
+    return ProtocolViolation(f"bad reply from peer: {exc}")
+
+
 class Framed:
     """Reads and writes length-prefixed msgpack frames on one stream."""
 

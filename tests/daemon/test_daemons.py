@@ -335,6 +335,19 @@ def test_a_daemon_without_documents_and_shards_runs_and_says_they_are_off(daemon
     assert "crdt.push" in line
 
 
+def test_a_port_in_use_or_a_second_daemon_on_a_data_dir_is_one_line_at_start(daemons, tmp_path):
+    first = daemons("first")
+    for args, expected in ((["--data-dir", str(tmp_path / "other"), "--listen", str(first.address.hostport)],
+                            f"UDP {first.address.hostport} is in use"),
+                           (["--data-dir", str(first.data_dir), "--listen", "127.0.0.1:0"],
+                            "another meshd is running with data dir")):
+        out = meshd_cli("start", *args)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        [line] = [x for x in out.stderr.splitlines() if " INFO " not in x]  # one line besides the log
+        assert line.startswith("meshd: error: ") and expected in line, line
+    assert first.meshctl("status")["peer_id"] == first.peer_id  # the first daemon serves on
+
+
 def test_a_service_list_that_cannot_work_is_one_line_at_start(tmp_path):
     for services, expected in ((["nat", "shards"], "shards needs dht"),
                                (["dht", "gossip"], "unknown service 'gossip'")):
