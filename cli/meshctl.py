@@ -54,7 +54,7 @@ async def _run(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if getattr(args, "count", 1) < 1:
+    if getattr(args, "count", None) is not None and args.count < 1:
         fail("meshctl", "--count must be at least 1", 2)
     try:
         run(_run, args)

@@ -184,7 +184,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--role", choices=("writer", "reader"), default="writer")
     p.add_argument("--revoke", action="store_true", help="take the role away instead")
     add("watch", cmd_watch, "print changes as they arrive").add_argument(
-        "--count", type=int, default=0, help="stop after this many")
+        "--count", type=int, default=None, help="stop after this many (default: never)")
     add("sync", cmd_sync, "reconcile with one replica or all now").add_argument("peer", nargs="?")
     add("compact", cmd_compact, "fold the op log into a snapshot")
     add("forget", cmd_forget, "stop keeping a document and delete it here")

@@ -46,7 +46,7 @@ async def cmd_relay(client: meshd.Client, args) -> object:
 
     def show() -> None:
         table = rich_table(show_header=False, box=None)
-        table.add_row("relaying for others", "on" if result["enabled"] else "off ([relay] enabled)")
+        table.add_row("relaying for others", "on" if result["enabled"] else "off (\\[relay] enabled)")
         for peer, held in result["serving"].items():
             table.add_row(f"serving {peer[:10]}...", f"{held['circuits']} circuits, {held['expires_in']} s left")
         for peer, left in result["reserved_at"].items():

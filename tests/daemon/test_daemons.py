@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import select
 import socket
 import stat
 import struct
@@ -313,6 +314,24 @@ def test_meshctl_errors_are_one_line_with_exit_code_1(daemons, tmp_path):
 
     # The failures left the daemons serving.
     assert call(a, b, "ping", '"still-up"') == "still-up"
+
+
+def test_meshctl_prints_brackets_literally_and_watch_runs_without_a_count(daemons):
+    a = daemons("a")
+    assert "off ([relay] enabled)" in a.meshctl_raw("relay").stdout  # not eaten as rich markup
+    a.meshctl("crdt", "create", "run")
+    cmd = [sys.executable, "-m", "cli.meshctl", "--data-dir", str(a.data_dir), "crdt", "watch", "run"]
+    watch = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def printed() -> bool:  # a change made after watch subscribed reaches its output
+            a.meshctl("crdt", "inc", "run", "steps", "1")
+            ready, _, _ = select.select([watch.stdout], [], [], 1.0)
+            return watch.poll() is None and bool(ready) and "steps" in watch.stdout.readline()
+
+        wait_until(printed, 20, "watch to print a change")
+    finally:
+        watch.kill()
+        watch.communicate()
 
 
 def test_a_daemon_without_documents_and_shards_runs_and_says_they_are_off(daemons):
