@@ -1,27 +1,39 @@
 """Model shards: publish once, fetch from 1 and from 3 providers, beside plain TCP and the anchors.
 
-    .venv/bin/python benchmarks/shards.py [--mib 1024 | --quick] [--skip tcp,meshd,anchors] [--json FILE]
+    .venv/bin/python benchmarks/shards.py [--mib 1024 | --quick] [--skip tcp,publish,meshd,anchors] [--json FILE]
 
-One run, one table, all on 127.0.0.1 (MB = 1e6 bytes; about 1.5-2 min for 1 GiB on 2 cores):
+One run, one table, all on 127.0.0.1 (MB = 1e6 bytes; about 2-3 min for 1 GiB on 2 cores):
 
 1. TCP ceiling: ``--mib`` MiB sent from memory to a child process that ``recv_into``s and discards.
-2. meshd: four ``meshd start`` daemons, d0 bootstrapping the rest, ``shards.registry`` = d0's
+2. Publish a state_dict in this process (``meshd.open_node``, ``shards.publish``): ``--mib`` MiB of
+   float32 tensors of 16 MiB, ``--publish-reps`` times (a new node each time, so every chunk is
+   written), each beside a plain write + fsync of the same bytes to a new file on the same disk
+   (before it, then after it, alternately; nothing written is deleted until the part ends, since
+   this VM's disk writes blocks just freed several times faster than new ones); the peak RSS the
+   publish adds (``VmHWM`` reset through ``/proc/self/clear_refs``; the largest is the first
+   run's, later ones reuse the memory it freed).
+3. meshd: four ``meshd start`` daemons, d0 bootstrapping the rest, ``shards.registry`` = d0's
    ``models``.  A ``--mib`` MiB .safetensors model (random float32 tensors of 4-16 MiB and a few
-   small ones) is published on d0 (timed) and fetched by d3 with ``client.fetch_model`` (no output
-   file), timed from the call to its ``done`` item: 1 provider.  d1 and d2 fetch it, d3 forgets it
-   (``shards.unpin`` + ``shards.gc``) and fetches again: 3 providers, and how the bytes split.
-3. Verification: blake3 of the same chunks in this process, as a share of the 1-provider fetch.
-4. Anchors (``../shared/anchors``, venvs from its ``setup``) at ``--anchor-mib`` (256): Lattica's
+   small ones) is published on d0 (timed, right after a plain write + fsync of the file's bytes,
+   with d0's peak RSS over its RSS before) and fetched by d3 with ``client.fetch_model`` (no
+   output file), timed from the call to its ``done`` item: 1 provider.  d1 and d2 fetch it, d3
+   forgets it (``shards.unpin`` + ``shards.gc``) and fetches again: 3 providers, and how the bytes split.
+4. Verification: blake3 of the same chunks in this process, as a share of the 1-provider fetch.
+5. Anchors (``../shared/anchors``, venvs from its ``setup``) at ``--anchor-mib`` (256): Lattica's
    put_block/get_block fetch and hivemind's averager round.
 
-Targets: >= 250 MB/s from 1 provider, >= 400 MB/s from 3, verification <= 10 % of the fetch time.
+Targets: publish >= 0.8x a plain write + fsync of the same bytes, adding <= 64 MiB of RSS;
+>= 250 MB/s from 1 provider, >= 400 MB/s from 3, verification <= 10 % of the fetch time.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import random
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -44,6 +56,7 @@ from meshd.services.shards.format import encode_tensors, write_safetensors  # no
 
 MiB, MB = 1 << 20, 1e6
 TARGET_ONE, TARGET_THREE, TARGET_VERIFY = 250.0, 400.0, 0.10
+TARGET_PUBLISH, TARGET_RSS = 0.8, 64 * MiB  # of a plain write + fsync; added by a publish
 NODES = 4  # d0 publishes, d1 and d2 become providers, d3 fetches
 
 
@@ -55,6 +68,96 @@ def tcp_rows(total: int) -> list[dict]:
     wall = tcp_copy_seconds(total)
     return [row("TCP ceiling", "plain TCP copy, 2 processes", total / wall / MB, wall,
                 detail=f"{total / MiB:,.0f} MiB: 16 MiB sendall from memory -> recv_into a 4 MiB buffer")]
+
+
+def status_bytes(pid: int | str, field: str) -> int:
+    """``field`` (VmRSS, VmHWM) of ``/proc/PID/status``, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def reset_peak(pid: int | str) -> int:
+    """Start VmHWM over from the current RSS (Linux: ``clear_refs`` 5); returns that RSS."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+    return status_bytes(pid, "VmRSS")
+
+
+def write_fsync_seconds(path: Path, pieces) -> float:
+    """Seconds to write ``pieces`` (buffers) to a new file at ``path`` and fsync it.  The caller
+    removes it only after what it is compared with has run: on this VM's disk, writing into
+    blocks just freed is several times faster than into new ones, so neither may reuse the
+    other's."""
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        for piece in pieces:
+            f.write(piece)
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - t0
+
+
+def file_pieces(path: Path, size: int = 16 * MiB):
+    with open(path, "rb") as f:
+        while piece := f.read(size):
+            yield piece
+
+
+def tensor_bytes(t) -> memoryview:
+    """A contiguous CPU tensor's bytes, not copied (without numpy)."""
+    n = t.numel() * t.element_size()
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
+def publish_rows(total: int, tmp: Path, reps: int, res: dict) -> list[dict]:
+    """Publish a ``total``-byte state_dict in this process, ``reps`` times, each beside a plain
+    write + fsync of the same bytes (before it, then after it, alternately; everything written
+    is kept until the end, so each write gets new blocks); medians and the largest peak RSS added."""
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy
+    import torch
+    torch.manual_seed(2)
+    state = {f"layers.{i:03}.weight": torch.rand(16 * MiB // 4) for i in range(total // (16 * MiB))}
+    nbytes = sum(t.numel() * 4 for t in state.values())
+    runs = res["publish"] = []
+
+    async def publish(data_dir: Path) -> tuple[float, int]:
+        async with meshd.open_node(data_dir, listen="127.0.0.1:0") as node:
+            before = reset_peak("self")
+            t0 = time.perf_counter()
+            await node.service("shards").publish(state, name="bench/state")
+            return time.perf_counter() - t0, status_bytes("self", "VmHWM") - before
+
+    try:
+        for rep in range(reps):
+            if rep % 2 == 0:
+                plain = write_fsync_seconds(tmp / f"plain{rep}.bin", (tensor_bytes(t) for t in state.values()))
+            seconds, peak = trio.run(publish, tmp / f"publish{rep}")
+            if rep % 2 == 1:
+                plain = write_fsync_seconds(tmp / f"plain{rep}.bin", (tensor_bytes(t) for t in state.values()))
+            runs.append({"plain_s": plain, "publish_s": seconds, "peak_rss": peak})
+            log(f"[publish] write+fsync {nbytes / plain / MB:,.0f} MB/s, publish {nbytes / seconds / MB:,.0f} MB/s, "
+                f"+{peak / MiB:,.1f} MiB RSS")
+    finally:
+        for rep in range(reps):
+            (tmp / f"plain{rep}.bin").unlink(missing_ok=True)
+            shutil.rmtree(tmp / f"publish{rep}", ignore_errors=True)
+    plain_s = statistics.median(r["plain_s"] for r in runs)
+    publish_s = statistics.median(r["publish_s"] for r in runs)
+    ratios = [r["plain_s"] / r["publish_s"] for r in runs]
+    peak = max(r["peak_rss"] for r in runs)
+    return [row("publish", "plain write + fsync, same bytes", nbytes / plain_s / MB, plain_s,
+                detail=f"{nbytes / MiB:,.0f} MiB from the tensors' memory to a new file on the same disk; "
+                       f"median of {reps}"),
+            row("publish", "publish a state_dict, in-process", nbytes / publish_s / MB, publish_s,
+                f"≥ {TARGET_PUBLISH:g}× write+fsync", plain_s / publish_s >= TARGET_PUBLISH,
+                f"{plain_s / publish_s:.2f}× write+fsync (medians); {len(state)} tensors of 16 MiB, a new node "
+                f"each time; median of {reps}; each beside its write: {' '.join(f'{x:.2f}×' for x in ratios)}"),
+            row("publish", "peak RSS added by the publish", target=f"≤ {TARGET_RSS / MiB:g} MiB",
+                met=peak <= TARGET_RSS, detail=f"+{peak / MiB:,.1f} MiB (largest of {reps}; the state_dict "
+                                               f"itself is not counted)")]
 
 
 def make_model(path: Path, total: int, seed: int = 1):
@@ -133,10 +236,15 @@ async def run_mesh(daemons: list[Daemon], model: Path, name: str, timeout: float
     clients = [meshd.Client(socket_path(d.data_dir)) for d in daemons]
     with trio.fail_after(timeout):  # publish_model and fetch_model have no limit of their own
         res["routing"] = await wait_routing(clients)
+        res["plain_s"] = write_fsync_seconds(model.with_name("plain.bin"), file_pieces(model))
+        before = reset_peak(daemons[0].proc.pid)
         t0 = time.perf_counter()
         info = await clients[0].publish_model(model, name, 1)
         res["publish"], res["publish_s"] = info, time.perf_counter() - t0
-        log(f"[meshd] published {info['bytes'] / MB:,.0f} MB in {res['publish_s']:.1f} s")
+        res["publish_peak_rss"] = status_bytes(daemons[0].proc.pid, "VmHWM") - before
+        model.with_name("plain.bin").unlink()
+        log(f"[meshd] published {info['bytes'] / MB:,.0f} MB in {res['publish_s']:.1f} s "
+            f"(write+fsync {res['plain_s']:.1f} s), +{res['publish_peak_rss'] / MiB:,.1f} MiB RSS")
         res["one"] = await fetch(clients[3], name)
         log(f"[meshd] d3 fetched from 1 provider in {res['one']['wall_s']:.1f} s")
         res["seed"] = [(await fetch(clients[i], name))["wall_s"] for i in (1, 2)]
@@ -176,9 +284,15 @@ def meshd_rows(total: int, tmp: Path, timeout: float, res: dict) -> list[dict]:
                 d.proc.stdout.close()
     names = {d.peer_id: d.data_dir.name for d in started if d.address}
     if "publish" in m:
-        rows.append(row("meshd", "publish on d0", nbytes / m["publish_s"] / MB, m["publish_s"],
-                        detail=f"{m['publish']['tensors']} tensors, {m['publish']['chunks']} chunks: read, cut, "
-                               f"hash, store (fsync), sign, announce, register"))
+        ratio, peak = m["plain_s"] / m["publish_s"], m["publish_peak_rss"]
+        rows.append(row("meshd", "plain write + fsync of the file", nbytes / m["plain_s"] / MB, m["plain_s"],
+                        detail="its bytes to a new file on the same disk, right before the publish"))
+        rows.append(row("meshd", "publish the file on d0", nbytes / m["publish_s"] / MB, m["publish_s"],
+                        f"≥ {TARGET_PUBLISH:g}× write+fsync, ≤ {TARGET_RSS / MiB:g} MiB",
+                        ratio >= TARGET_PUBLISH and peak <= TARGET_RSS,
+                        f"{ratio:.2f}× write+fsync, d0 +{peak / MiB:,.1f} MiB RSS; {m['publish']['tensors']} "
+                        f"tensors, {m['publish']['chunks']} chunks: read, cut, hash, store (fsync), sign, "
+                        f"announce, register"))
     if one := m.get("one"):
         mb1 = nbytes / one["wall_s"] / MB
         rows.append(row("meshd", "fetch by d3, 1 provider", mb1, one["wall_s"], f"≥ {TARGET_ONE:g} MB/s",
@@ -242,7 +356,9 @@ def print_table(rows: list[dict], title: str) -> None:
         table.add_row(r["part"], r["measure"], "-" if r["mb_s"] is None else f"{r['mb_s']:,.0f}",
                       "-" if r["wall_s"] is None else f"{r['wall_s']:,.2f}", target, r["detail"])
     Console(width=220).print(table)
-    print("MB = 1e6 bytes.  Fetch: from the fetch_model call until its done item; chunks come over the bulk\n"
+    print("MB = 1e6 bytes.  Publish: from the call until it returns (chunks cut, hashed and stored with fsync\n"
+          "while the next are made; signed, kept, announced, registered); peak RSS: VmHWM after, less VmRSS before.\n"
+          "Fetch: from the fetch_model call until its done item; chunks come over the bulk\n"
           "lane or QUIC (the path per provider), each blake3-checked and stored with fsync; fetched counts\n"
           "chunks received twice (end game).  By provider: bytes it delivered and its last batch rate.\n"
           "  Verification: blake3 of the model's chunks in one thread, as\n"
@@ -254,13 +370,14 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=1024, help="model size (and TCP copy) in MiB")
     parser.add_argument("--quick", action="store_true", help="--mib 256")
     parser.add_argument("--anchor-mib", type=int, default=256, help="size the anchor scripts move")
-    parser.add_argument("--skip", default="", help="comma list of: tcp, meshd, anchors")
+    parser.add_argument("--skip", default="", help="comma list of: tcp, publish, meshd, anchors")
+    parser.add_argument("--publish-reps", type=int, default=4, help="in-process publishes (medians)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds for the daemons' part")
     parser.add_argument("--anchor-timeout", type=float, default=200.0, help="seconds per anchor script")
     parser.add_argument("--json", metavar="FILE", help="also write the rows and raw results as JSON")
     args = parser.parse_args()
     args.mib = 256 if args.quick else args.mib
-    if unknown := {s for s in args.skip.split(",") if s} - {"tcp", "meshd", "anchors"}:
+    if unknown := {s for s in args.skip.split(",") if s} - {"tcp", "publish", "meshd", "anchors"}:
         parser.error(f"--skip: unknown part(s) {', '.join(sorted(unknown))}")
     os.chdir(REPO)  # the daemons run `python -m`, which puts the working directory first on sys.path
     stop_on_sigterm()
@@ -268,6 +385,7 @@ def main() -> int:
     results: dict = {"cpus": os.cpu_count(), "args": vars(args)}
     with tempfile.TemporaryDirectory(prefix="meshd-shards-bench-") as tmp:
         parts = [("tcp", lambda: tcp_rows(args.mib * MiB)),
+                 ("publish", lambda: publish_rows(args.mib * MiB, Path(tmp), args.publish_reps, results)),
                  ("meshd", lambda: meshd_rows(args.mib * MiB, Path(tmp), args.timeout, results)),
                  ("anchors", lambda: anchor_rows(args.anchor_mib, args.anchor_timeout, results))]
         rows, rc = run_parts(parts, args.skip,

@@ -1,10 +1,12 @@
 """Model shards between real ``meshd`` processes, driven by ``meshctl shard``
 and the client library: a fetch SIGKILLed halfway resumes with only what is
-missing, and the file written is the file published."""
+missing, and the file written is the file published (a file the safetensors
+library saved with ``__metadata__`` too, byte for byte)."""
 
 from __future__ import annotations
 
 import filecmp
+import hashlib
 
 import torch
 import trio
@@ -54,3 +56,24 @@ async def test_a_fetch_killed_halfway_resumes_with_what_is_missing(daemons, tmp_
         assert kept["present_bytes"] == kept["bytes"] and kept["name"] == "run42/gpt"
         collected = b.meshctl("shard", "gc", "--unpin", published["id"])
         assert collected["removed"] == published["chunks"] and collected["bytes"] == 0
+
+
+async def test_a_file_with_metadata_comes_back_byte_for_byte(daemons, tmp_path):  # noqa: F811
+    """Saved by the safetensors library (tensors by dtype then name, ``__metadata__``,
+    padding), published on one daemon, fetched on another: the same sha256."""
+    from safetensors.torch import save_file
+    with trio.fail_after(60):
+        generator = torch.Generator().manual_seed(2)
+        tensors = {f"layer{i}.weight": torch.randn(512, 1024, generator=generator) for i in range(6)}
+        tensors |= {"embed.weight": torch.randn(1000, 64, generator=generator).bfloat16(),
+                    "ln.bias": torch.zeros(1024).half(), "step": torch.tensor(1200), "mask": torch.ones(3, dtype=bool)}
+        source = tmp_path / "ckpt.safetensors"
+        save_file(tensors, source, metadata={"step": "1200", "format": "pt"})
+        [a] = await start(daemons, ["a"], config=CONFIG)
+        shared = {**CONFIG, "shards": {"registry": f"{a.peer_id}/models"}}
+        [b] = await start(daemons, ["b"], config=shared, bootstrap=[str(a.address)])
+        published = a.meshctl("shards", "publish", str(source), "--name", "run42/ckpt")
+        out = tmp_path / "fetched.safetensors"
+        done = b.meshctl("shards", "fetch", "run42/ckpt@latest", "-o", str(out), timeout=60)
+        assert done["done"] and done["id"] == published["id"] and done["tensors"] == len(tensors)
+        assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(source.read_bytes()).digest()

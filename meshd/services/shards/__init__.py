@@ -2,10 +2,12 @@
 under a signed manifest.
 
 :mod:`.format` defines the stream, the chunking and the manifest (see its
-docstring for the wire format); :mod:`.store` keeps chunks in the data dir,
-shared by all models, with pins and garbage collection; :mod:`.lane` is the
-sealed TCP bulk lane; :class:`Shards` (:mod:`.service`) publishes and fetches,
-and :mod:`.control` offers that to ``meshctl shards`` and the client library.
+docstring for the wire format) and reads and writes ``.safetensors`` files
+byte for byte; :mod:`.store` keeps chunks in the data dir, shared by all
+models, with pins and garbage collection; :class:`Shards` (:mod:`.service`)
+publishes (streaming) and fetches (over the sealed TCP bulk lane of
+:mod:`meshd.lane` where it can), and :mod:`.control` offers that to
+``meshctl shards`` and the client library.
 """
 
 from .format import (
@@ -15,6 +17,7 @@ from .format import (
     FORMAT_VERSION,
     ChunkEntry,
     ChunkError,
+    Encoder,
     Layout,
     Manifest,
     ManifestError,
@@ -25,6 +28,8 @@ from .format import (
     decode_tensors,
     encode_tensors,
     iter_tensor_bytes,
+    open_encoder,
+    parse_header,
     sign_manifest,
     verify_chunk,
     write_safetensors,
@@ -42,6 +47,7 @@ __all__ = [
     "ChunkEntry",
     "ChunkError",
     "ChunkStore",
+    "Encoder",
     "FetchError",
     "Layout",
     "Manifest",
@@ -57,6 +63,8 @@ __all__ = [
     "decode_tensors",
     "encode_tensors",
     "iter_tensor_bytes",
+    "open_encoder",
+    "parse_header",
     "sign_manifest",
     "verify_chunk",
     "write_safetensors",

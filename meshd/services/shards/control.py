@@ -86,7 +86,8 @@ def control_methods(shards) -> dict:
                "providers": progress.providers}
 
     async def ls(arg, ctx):
-        present = {model: have for model, _, _, _, have in shards.store.pins()}
+        pins = await trio.to_thread.run_sync(shards.store.pins)  # a publish may hold the store a moment
+        present = {model: have for model, _, _, _, have in pins}
         return [_info(m, present.get(m.id, 0)) for m in shards.manifests()]
 
     async def unpin(arg, ctx):
@@ -94,7 +95,7 @@ def control_methods(shards) -> dict:
             model_id = bytes.fromhex(_str(arg, "id"))
         except ValueError:
             raise InvalidArgument("id must be hex") from None
-        return {"unpinned": shards.unpin(model_id)}
+        return {"unpinned": await shards.unpin(model_id)}
 
     async def gc(arg, ctx):
         target = arg.get("target_bytes") if isinstance(arg, dict) else None

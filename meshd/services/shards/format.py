@@ -15,18 +15,32 @@ same chunks, unless another tensor packed with it changed.  A chunk's id is
 blake3(chunk), 32 bytes.  Decoders recompute the cut from the tensor table and
 refuse a manifest whose chunk lengths differ from it.
 
+Files.  A model published from a ``.safetensors`` file keeps the file's header
+(the JSON after the 8-byte length, padding included: ``__metadata__``, key
+order, the tensors' offsets in the file) in its manifest, so the file written
+from it is the file published, byte for byte; the stream stays in name order
+whatever order the file stores its tensors in, and the writer puts each
+tensor's bytes back at its offset in the file.  A file whose header is exactly
+the one :func:`write_safetensors` makes for a state_dict (see
+:func:`_canonical_header`) needs none, and gives the state_dict's manifest.
+
 The manifest, on the wire::
 
     manifest = msgpack [body, signature]
-    body     = msgpack [FORMAT_VERSION, name, version, created, publisher,
-                        chunk_size, total_size,
+    body     = msgpack [1, name, version, created, publisher, chunk_size, total_size,
                         [[tensor name, dtype, shape, offset, length], ...],
                         [[chunk id, length], ...]]
+             | msgpack [2, ...the same 8 fields..., header]
 
-``signature`` is the publisher's Ed25519 signature of ``CONTEXT + body``; the
-model id is blake3(body).  Both layers must be canonical msgpack (re-encoding
-the decoded value gives the same bytes), so a manifest has exactly one
-encoding.  Nothing here unpickles; torch is imported only when tensors are.
+Version 2 is version 1 plus ``header``, the file's header bytes (at most
+``MAX_HEADER``; it must describe exactly the tensors of the table, stored
+back to back in some order).  A manifest with no header is written as
+version 1, so the ids of state_dict models and of manifests made before
+version 2 do not change.  ``signature`` is the publisher's Ed25519 signature
+of ``CONTEXT + body``; the model id is blake3(body).  Both layers must be
+canonical msgpack (re-encoding the decoded value gives the same bytes), so a
+manifest has exactly one encoding.  Nothing here unpickles; torch is imported
+only when tensors are.
 """
 
 from __future__ import annotations
@@ -39,7 +53,7 @@ import sys
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, NamedTuple, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol, Union
 
 import blake3
 import msgpack
@@ -50,7 +64,8 @@ if TYPE_CHECKING:
     import torch
 
 CONTEXT = b"meshd-shard-manifest/1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest; a manifest that carries no file header is written as version 1
+_BODY_FIELDS = {1: 9, 2: 10}  # fields of a body, by format version
 CHUNK_SIZE = 4 << 20  # default
 MAX_CHUNK_SIZE = 64 << 20
 MAX_TENSORS = 100_000
@@ -60,7 +75,7 @@ MAX_TENSOR_NAME = 1024  # bytes of a tensor name
 MAX_DIMS = 64
 MAX_TOTAL_SIZE = 1 << 40
 MAX_MANIFEST = 64 << 20  # bytes of an encoded manifest
-MAX_SAFETENSORS_HEADER = 100 << 20
+MAX_HEADER = 8 << 20  # bytes of a .safetensors header, in a file we publish or in a manifest
 ID_SIZE = KEY_SIZE = 32
 SIGNATURE_SIZE = 64
 _MAX_INT = 1 << 63
@@ -104,6 +119,7 @@ class Layout:
     total_size: int
     tensors: tuple[TensorEntry, ...]
     chunks: tuple[ChunkEntry, ...]
+    header: bytes | None = None  # the source file's .safetensors header, if it needs one
 
 
 @dataclass(frozen=True)
@@ -119,7 +135,17 @@ class Manifest:
     tensors: tuple[TensorEntry, ...]
     chunks: tuple[ChunkEntry, ...]
     signature: bytes
-    format_version: int = FORMAT_VERSION
+    header: bytes | None = None  # the published file's .safetensors header (format version 2)
+
+    @property
+    def format_version(self) -> int:
+        """1, or 2 for a manifest that carries a file header."""
+        return 1 if self.header is None else 2
+
+    @cached_property
+    def metadata(self) -> dict[str, str] | None:
+        """The published file's ``__metadata__``, or None (a state_dict, or a file without one)."""
+        return None if self.header is None else parse_header(self.header)[0]
 
     def body(self) -> bytes:
         """The canonical msgpack of every field but the signature: what is signed."""
@@ -127,8 +153,9 @@ class Manifest:
 
     @cached_property
     def _body(self) -> bytes:
-        return _pack([self.format_version, self.name, self.version, self.created, self.publisher,
-                      self.chunk_size, self.total_size, self.tensors, self.chunks])
+        fields = [self.format_version, self.name, self.version, self.created, self.publisher,
+                  self.chunk_size, self.total_size, self.tensors, self.chunks]
+        return _pack(fields if self.header is None else [*fields, self.header])
 
     def encode(self) -> bytes:
         """The wire form, msgpack ``[body, signature]``."""
@@ -140,29 +167,99 @@ class Manifest:
         return blake3.blake3(self.body()).digest()
 
 
-def encode_tensors(source: Mapping[str, "torch.Tensor"] | str | os.PathLike,
-                   chunk_size: int = CHUNK_SIZE) -> tuple[Layout, list[bytes]]:
-    """Lay out and cut tensors (a state_dict, or a ``.safetensors`` file's path).
+class Encoder:
+    """A source's tensors laid out in name order and about to be cut into chunks.
 
-    Returns the layout and the chunk bytes, in stream order.  The same tensors
-    give the same layout whichever way they come in; a file is read without
-    torch.  Raises TypeError/ValueError for a tensor or file that cannot be
-    encoded (an unsupported dtype, a malformed safetensors header).
+    What :func:`encode_tensors` (and a publish that stores chunks as they are
+    made) works from: ``tensors``, ``header``, ``total_size`` and the chunk
+    ``lengths`` are known before any tensor is read; :meth:`chunks` then reads
+    the tensors and yields each chunk as a new bytearray, so holding one chunk
+    at a time costs one chunk of memory.  Open one with :func:`open_encoder`;
+    close it (or use ``with``) to close the source file.
+    """
+
+    def __init__(self, source: "_Source", chunk_size: int) -> None:
+        self._source = source
+        self.chunk_size = chunk_size
+        tensors, offset = [], 0
+        for name, dtype, shape in source.specs:
+            length = math.prod(shape) * DTYPE_SIZES[dtype]
+            tensors.append(TensorEntry(name, dtype, shape, offset, length))
+            offset += length
+        self.tensors: tuple[TensorEntry, ...] = tuple(tensors)
+        self.total_size = offset
+        self.lengths = _cut_lengths([t.length for t in tensors], chunk_size)
+        raw = source.header
+        self.header = None if raw is None or raw == _canonical_header(self.tensors) else raw
+
+    def chunks(self) -> Iterator[bytearray]:
+        """The chunks' bytes, in stream order, each read when asked for."""
+        lengths, fill = [t.length for t in self.tensors], self._source.fill
+        i = off = 0  # the tensor being read and the bytes of it read so far
+        for size in self.lengths:
+            buf = bytearray(size)
+            view, pos = memoryview(buf), 0
+            while pos < size:
+                while off == lengths[i]:
+                    i, off = i + 1, 0
+                take = min(size - pos, lengths[i] - off)
+                fill(i, off, view[pos:pos + take])
+                pos, off = pos + take, off + take
+            view.release()
+            yield buf
+
+    def layout(self, chunk_ids: Iterable[bytes]) -> Layout:
+        """The layout, given the blake3 id of each chunk in order."""
+        chunks = tuple(ChunkEntry(cid, n) for cid, n in zip(chunk_ids, self.lengths, strict=True))
+        return Layout(self.chunk_size, self.total_size, self.tensors, chunks, self.header)
+
+    def close(self) -> None:
+        self._source.close()
+
+    def __enter__(self) -> "Encoder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_encoder(source: Mapping[str, "torch.Tensor"] | str | os.PathLike,
+                 chunk_size: int = CHUNK_SIZE) -> Encoder:
+    """An :class:`Encoder` over a state_dict or a ``.safetensors`` file's path.
+
+    A file is read without torch; its header is checked as :func:`parse_header`
+    says and must describe exactly the bytes after it (no gap, no overlap,
+    nothing left over), as the reference implementation requires.  Raises
+    TypeError/ValueError for a tensor or file that cannot be encoded (an
+    unsupported dtype, a malformed or too large header), OSError for a file
+    that cannot be read.
     """
     if type(chunk_size) is not int or not 0 < chunk_size <= MAX_CHUNK_SIZE:
         raise ValueError(f"chunk_size must be an int from 1 to {MAX_CHUNK_SIZE}")
     if isinstance(source, (str, os.PathLike)):
-        specs, blobs = _read_safetensors(source)
+        src: _Source = _FileSource(source)
     else:
-        specs, blobs = _read_torch(source)
-    tensors, offset = [], 0
-    for name, dtype, shape in specs:
-        length = math.prod(shape) * DTYPE_SIZES[dtype]
-        tensors.append(TensorEntry(name, dtype, shape, offset, length))
-        offset += length
-    chunks = list(_cut(blobs, _cut_lengths([t.length for t in tensors], chunk_size)))
-    entries = tuple(ChunkEntry(blake3.blake3(c).digest(), len(c)) for c in chunks)
-    return Layout(chunk_size, offset, tuple(tensors), entries), chunks
+        src = _TorchSource(source)
+    try:
+        return Encoder(src, chunk_size)
+    except BaseException:
+        src.close()
+        raise
+
+
+def encode_tensors(source: Mapping[str, "torch.Tensor"] | str | os.PathLike,
+                   chunk_size: int = CHUNK_SIZE) -> tuple[Layout, list[bytearray]]:
+    """Lay out and cut tensors (a state_dict, or a ``.safetensors`` file's path).
+
+    Returns the layout and the chunk bytes, in stream order: the whole model in
+    memory (a publish streams through :func:`open_encoder` instead).  The same
+    tensors give the same chunks whichever way they come in; a file whose
+    header :func:`write_safetensors` would not make keeps it in the layout.
+    Raises as :func:`open_encoder` does.
+    """
+    with open_encoder(source, chunk_size) as encoder:
+        chunks = list(encoder.chunks())
+    return encoder.layout(blake3.blake3(c).digest() for c in chunks), chunks
 
 
 def sign_manifest(layout: Layout, name: str, version: int, *, sign: Callable[[bytes], bytes],
@@ -174,7 +271,7 @@ def sign_manifest(layout: Layout, name: str, version: int, *, sign: Callable[[by
     """
     created = int(time.time()) if created is None else created
     unsigned = Manifest(name, version, created, public_key, layout.chunk_size, layout.total_size,
-                        layout.tensors, layout.chunks, b"")
+                        layout.tensors, layout.chunks, b"", layout.header)
     try:
         body = unsigned.body()
     except (ValueError, TypeError, OverflowError) as exc:
@@ -187,7 +284,8 @@ def decode_manifest(data: bytes, *, verify: bool = True) -> Manifest:
 
     Every field is checked: types, limits, dtypes, shapes against lengths,
     tensors contiguous in name order covering ``total_size``, chunk lengths
-    equal to the format's cut, canonical encoding.  Raises only ManifestError.
+    equal to the format's cut, a file header that parses and describes exactly
+    these tensors, canonical encoding.  Raises only ManifestError.
     """
     _require(isinstance(data, bytes) and len(data) <= MAX_MANIFEST,
              f"a manifest is at most {MAX_MANIFEST} bytes")
@@ -202,9 +300,12 @@ def decode_manifest(data: bytes, *, verify: bool = True) -> Manifest:
         raise
     except Exception as exc:  # msgpack raises several unrelated types
         raise ManifestError(f"undecodable manifest: {exc}") from None
-    _require(isinstance(fields, list) and len(fields) == 9, "expected a body of 9 fields")
-    fmt, name, version, created, publisher, chunk_size, total_size, tensors, chunks = fields
-    _require(type(fmt) is int and fmt == FORMAT_VERSION, f"not a version-{FORMAT_VERSION} manifest")
+    _require(isinstance(fields, list) and len(fields) > 0 and type(fields[0]) is int
+             and fields[0] in _BODY_FIELDS, "not a manifest of format version 1 or 2")
+    _require(len(fields) == _BODY_FIELDS[fields[0]],
+             f"a version-{fields[0]} body has {_BODY_FIELDS[fields[0]]} fields")
+    fmt, name, version, created, publisher, chunk_size, total_size, tensors, chunks = fields[:9]
+    header = fields[9] if fmt == 2 else None
     _require(isinstance(name, str) and 0 < len(name.encode()) <= MAX_NAME,
              f"the model name is 1 to {MAX_NAME} bytes of text")
     _require(_is_int(version) and _is_int(created), "version and created are non-negative ints")
@@ -243,8 +344,10 @@ def decode_manifest(data: bytes, *, verify: bool = True) -> Manifest:
     _require(covered == total_size, "chunk lengths do not add up to total_size")
     _require([c[1] for c in chunks] == _cut_lengths([t.length for t in entries], chunk_size),
              "chunks are not cut at tensor boundaries as the format requires")
+    if fmt == 2:
+        _check_header(header, entries)
     manifest = Manifest(name, version, created, publisher, chunk_size, total_size, tuple(entries),
-                        tuple(ChunkEntry(c[0], c[1]) for c in chunks), sig)
+                        tuple(ChunkEntry(c[0], c[1]) for c in chunks), sig, header)
     _require(manifest.body() == body and manifest.encode() == data, "manifest is not canonical msgpack")
     if verify:
         try:
@@ -252,6 +355,19 @@ def decode_manifest(data: bytes, *, verify: bool = True) -> Manifest:
         except (InvalidSignature, ValueError):
             raise ManifestError("signature does not verify") from None
     return manifest
+
+
+def _check_header(header: object, tensors: list[TensorEntry]) -> None:
+    """ManifestError unless ``header`` is a header of exactly ``tensors`` (in any order)."""
+    _require(isinstance(header, bytes) and 0 < len(header) <= MAX_HEADER,
+             f"a file header is 1 to {MAX_HEADER} bytes")
+    try:
+        _, in_file = parse_header(header)
+    except ValueError as exc:
+        raise ManifestError(f"bad file header: {exc}") from None
+    described = sorted((t.name, t.dtype, t.shape, t.length) for t in in_file)
+    _require(described == [(t.name, t.dtype, t.shape, t.length) for t in tensors],
+             "the file header does not describe the manifest's tensors")
 
 
 def verify_chunk(entry: ChunkEntry, data: object) -> bytes:
@@ -298,29 +414,141 @@ def decode_tensors(manifest: Manifest, chunks: ChunkSource) -> dict[str, "torch.
     return out
 
 
-def write_safetensors(manifest: Manifest, chunks: ChunkSource, path: str | os.PathLike) -> None:
+def write_safetensors(manifest: Manifest | Layout, chunks: ChunkSource, path: str | os.PathLike) -> None:
     """Write the model to ``path`` as a ``.safetensors`` file, without torch.
 
-    Chunks are verified as they are written; the file appears (atomically
-    replacing ``path``) only once all of them were good.
+    A model published from a file comes back as that file, byte for byte: its
+    header verbatim, each tensor at its offset.  Otherwise the header is
+    :func:`_canonical_header`'s (``{"format": "pt"}`` metadata, tensors in
+    name order).  Chunks are verified as they are written, one at a time; the
+    file appears (atomically replacing ``path``) only once all of them were good.
     """
-    header = {"__metadata__": {"format": "pt"}}
-    for t in manifest.tensors:
-        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.offset, t.offset + t.length]}
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    header, begins = _file_layout(manifest)
+    tensors, start = manifest.tensors, 8 + len(header)
+    in_order = all(b == t.offset for b, t in zip(begins, tensors))  # the file is the stream
     part = f"{os.fspath(path)}.part"
     fetch = _fetcher(chunks)
     try:
         with open(part, "wb") as f:
-            f.write(struct.pack("<Q", len(raw)) + raw)
+            f.write(struct.pack("<Q", len(header)) + header)
+            f.truncate(start + manifest.total_size)
+            fd, stream_pos, i, off = f.fileno(), 0, 0, 0  # tensor i, of which off bytes are written
             for entry in manifest.chunks:
-                f.write(fetch(entry))
+                data = memoryview(fetch(entry))
+                if in_order:
+                    _pwrite(fd, data, start + stream_pos)
+                else:
+                    pos = 0
+                    while pos < len(data):
+                        while off == tensors[i].length:
+                            i, off = i + 1, 0
+                        take = min(len(data) - pos, tensors[i].length - off)
+                        _pwrite(fd, data[pos:pos + take], start + begins[i] + off)
+                        pos, off = pos + take, off + take
+                stream_pos += len(data)
         os.replace(part, path)
     except BaseException:
         if os.path.exists(part):
             os.unlink(part)
         raise
+
+
+def parse_header(raw: bytes) -> tuple[dict[str, str] | None, list[TensorEntry]]:
+    """The ``__metadata__`` and the tensors of a ``.safetensors`` header.
+
+    ``raw`` is the header as in the file: the JSON after its 8-byte length,
+    padding included.  Tensors come in the header's order, each with its
+    ``offset`` in the file's data section.  ValueError (saying what) unless it
+    is at most ``MAX_HEADER`` bytes of UTF-8 JSON: an object with no repeated
+    key; ``__metadata__`` (optional) a map of strings to strings; every other
+    key a tensor name of 1 to ``MAX_TENSOR_NAME`` bytes, mapped to exactly
+    ``{"dtype", "shape", "data_offsets"}`` with a dtype of ``DTYPES``, a shape
+    of at most ``MAX_DIMS`` non-negative ints and ``[begin, end]`` as long as
+    dtype and shape say; at most ``MAX_TENSORS`` tensors, stored back to back
+    from 0 in some order (the reference implementation refuses a file with a
+    gap or an overlap).  The data section is as long as the tensors' ends say.
+    """
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) > MAX_HEADER:
+        raise ValueError(f"a header is at most {MAX_HEADER} bytes")
+    try:
+        header = json.loads(bytes(raw).decode("utf-8"), object_pairs_hook=_json_object,
+                            parse_constant=_json_constant)
+    except RecursionError:
+        raise ValueError("the header nests too deep") from None
+    except ValueError as exc:  # also UnicodeDecodeError, and the hooks' refusals
+        raise ValueError(f"the header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    metadata = header.get("__metadata__")
+    if metadata is not None and not (isinstance(metadata, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise ValueError("__metadata__ must map strings to strings")
+    if len(header) - ("__metadata__" in header) > MAX_TENSORS:
+        raise ValueError(f"at most {MAX_TENSORS} tensors")
+    tensors = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not 0 < len(name.encode("utf-8", "replace")) <= MAX_TENSOR_NAME:
+            raise ValueError(f"a tensor name is 1 to {MAX_TENSOR_NAME} bytes")
+        ok = (isinstance(info, dict) and info.keys() == _ENTRY_KEYS
+              and isinstance(info["dtype"], str) and info["dtype"] in DTYPE_SIZES
+              and isinstance(shape := info["shape"], list) and len(shape) <= MAX_DIMS
+              and all(type(d) is int and 0 <= d <= MAX_TOTAL_SIZE for d in shape)
+              and isinstance(span := info["data_offsets"], list) and len(span) == 2
+              and all(type(x) is int for x in span) and 0 <= span[0] <= span[1]
+              and span[1] - span[0] == math.prod(shape) * DTYPE_SIZES[info["dtype"]])
+        if not ok:
+            raise ValueError(f"bad entry for tensor {name[:100]!r}: expected {{dtype, shape, data_offsets}} "
+                             f"with a known dtype, a shape of ints and offsets as long as they say")
+        tensors.append(TensorEntry(name, info["dtype"], tuple(shape), span[0], span[1] - span[0]))
+    end = 0
+    for t in sorted(tensors, key=lambda t: (t.offset, t.length)):
+        if t.offset != end:
+            raise ValueError(f"tensor {t.name[:100]!r} starts at byte {t.offset} of the data, not {end}: "
+                             f"tensors must be stored back to back")
+        end += t.length
+    return (None if metadata is None else dict(metadata)), tensors
+
+
+_ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
+
+
+def _json_object(pairs: list[tuple[str, object]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a key is repeated")
+    return out
+
+
+def _json_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _canonical_header(tensors: Iterable[TensorEntry]) -> bytes:
+    """The header :func:`write_safetensors` makes for a model that came with none:
+    ``{"format": "pt"}`` metadata, the tensors in name order as the stream holds
+    them, compact JSON padded with spaces to a multiple of 8 bytes."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    for t in tensors:
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.offset, t.offset + t.length]}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)
+
+
+def _file_layout(manifest: Manifest | Layout) -> tuple[bytes, list[int]]:
+    """The header of the model's file, and where each tensor (in manifest order) starts
+    in its data section."""
+    if manifest.header is None:
+        return _canonical_header(manifest.tensors), [t.offset for t in manifest.tensors]
+    begins = {t.name: t.offset for t in parse_header(manifest.header)[1]}
+    return manifest.header, [begins[t.name] for t in manifest.tensors]
+
+
+def _pwrite(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
 
 
 def chunk_ranges(manifest: Manifest | Layout) -> list[tuple[int, int]]:
@@ -361,84 +589,94 @@ def _cut_lengths(lengths: Iterable[int], chunk_size: int) -> list[int]:
     return cuts + [packed] if packed else cuts
 
 
-def _cut(blobs: Iterable[bytes], cuts: list[int]) -> Iterator[bytes]:
-    """Chunks of the given lengths from the concatenation of ``blobs``."""
-    lengths = iter(cuts)
-    need, parts, have = next(lengths, 0), [], 0
-    for blob in blobs:
-        view = memoryview(blob)
-        while len(view):
-            if not need:
-                raise ValueError("tensor data is longer than its shape and dtype say")
-            take = min(need - have, len(view))
-            parts.append(view[:take])
-            view, have = view[take:], have + take
-            if have == need:
-                yield b"".join(parts)
-                need, parts, have = next(lengths, 0), [], 0
-    if need:
-        raise ValueError("tensor data is shorter than its shape and dtype say")
+class _Source(Protocol):
+    """Tensors to encode: their specs in name order, and their bytes on demand."""
+
+    specs: list[tuple[str, str, tuple[int, ...]]]  # (name, dtype, shape), sorted by name
+    header: bytes | None  # a file's header, as in the file
+
+    def fill(self, index: int, offset: int, dest: memoryview) -> None:
+        """Copy bytes ``offset:offset + len(dest)`` of tensor ``index`` into ``dest``."""
+
+    def close(self) -> None: ...
 
 
-def _read_torch(tensors: Mapping[str, "torch.Tensor"]):
-    torch = _torch()
-    if sys.byteorder != "little":
-        raise ValueError("shards are little-endian; this host is not")
-    names = {getattr(torch, t, None): k for k, (_, t) in DTYPES.items()}
-    items = sorted(tensors.items(), key=lambda kv: kv[0])
-    specs = []
-    for name, t in items:
-        if not isinstance(name, str) or not isinstance(t, torch.Tensor):
-            raise TypeError("expected a mapping of str names to torch tensors")
-        if t.dtype not in names or t.layout != torch.strided:
-            raise TypeError(f"tensor {name!r}: {t.dtype} {t.layout} cannot go in a shard")
-        specs.append((name, names[t.dtype], tuple(t.shape)))
+class _TorchSource:
+    """A state_dict.  Its tensors are copied a chunk's piece at a time (a GPU
+    tensor too); a tensor that is not contiguous is first made so, whole."""
 
-    def blobs() -> Iterator[bytearray]:
-        for _, t in items:
-            flat = t.detach().to("cpu").contiguous().reshape(-1)
-            out = bytearray(flat.numel() * flat.element_size())
-            if out:
-                torch.frombuffer(out, dtype=torch.uint8).copy_(flat.view(torch.uint8))
-            yield out
+    header = None
 
-    return specs, blobs()
+    def __init__(self, tensors: Mapping[str, "torch.Tensor"]) -> None:
+        torch = self._torch = _torch()
+        if sys.byteorder != "little":
+            raise ValueError("shards are little-endian; this host is not")
+        names = {getattr(torch, t, None): k for k, (_, t) in DTYPES.items()}
+        self._items = sorted(tensors.items(), key=lambda kv: kv[0])
+        self.specs = []
+        for name, t in self._items:
+            if not isinstance(name, str) or not isinstance(t, torch.Tensor):
+                raise TypeError("expected a mapping of str names to torch tensors")
+            if t.dtype not in names or t.layout != torch.strided:
+                raise TypeError(f"tensor {name!r}: {t.dtype} {t.layout} cannot go in a shard")
+            self.specs.append((name, names[t.dtype], tuple(t.shape)))
+        self._flat: tuple[int, "torch.Tensor"] | None = None  # the tensor being read, as bytes
+
+    def fill(self, index: int, offset: int, dest: memoryview) -> None:
+        if self._flat is None or self._flat[0] != index:
+            t = self._items[index][1].detach()
+            self._flat = (index, t.contiguous().reshape(-1).view(self._torch.uint8))
+        piece = self._flat[1][offset:offset + len(dest)]
+        self._torch.frombuffer(dest, dtype=self._torch.uint8).copy_(piece)
+
+    def close(self) -> None:
+        self._flat = None
 
 
-def _read_safetensors(path: str | os.PathLike):
-    """The specs of a .safetensors file's tensors, sorted by name, and their bytes in that order."""
-    with open(path, "rb") as f:
+class _FileSource:
+    """A ``.safetensors`` file, read without torch; see :func:`open_encoder`."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self._file = open(path, "rb", buffering=0)
+        try:
+            self._open(os.fspath(path))
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _open(self, path: str) -> None:
+        f = self._file
         size = os.fstat(f.fileno()).st_size
         prefix = f.read(8)
-        if len(prefix) != 8 or not (n := struct.unpack("<Q", prefix)[0]) <= min(MAX_SAFETENSORS_HEADER, size - 8):
+        if len(prefix) != 8 or (n := struct.unpack("<Q", prefix)[0]) > size - 8:
             raise ValueError(f"{path}: not a safetensors file (bad header length)")
+        if n > MAX_HEADER:
+            raise ValueError(f"{path}: its header has {n} bytes; a manifest carries at most {MAX_HEADER}")
+        raw = f.read(n)
+        if len(raw) != n:
+            raise ValueError(f"{path}: the file got shorter while being read")
         try:
-            header = json.loads(f.read(n))
-        except ValueError:
-            raise ValueError(f"{path}: the safetensors header is not JSON") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: the safetensors header is not a JSON object")
-    data_start, data_len = 8 + n, size - 8 - n
-    specs, ranges = [], []
-    for name in sorted(k for k in header if k != "__metadata__"):
-        info = header[name]
-        ok = (isinstance(info, dict) and info.get("dtype") in DTYPE_SIZES
-              and isinstance(shape := info.get("shape"), list) and all(type(d) is int and d >= 0 for d in shape)
-              and isinstance(span := info.get("data_offsets"), list) and len(span) == 2
-              and all(type(x) is int for x in span) and 0 <= span[0] <= span[1] <= data_len
-              and span[1] - span[0] == math.prod(shape) * DTYPE_SIZES[info["dtype"]])
-        if not ok:
-            raise ValueError(f"{path}: bad safetensors entry for tensor {name!r}")
-        specs.append((name, info["dtype"], tuple(shape)))
-        ranges.append(span)
+            _, tensors = parse_header(raw)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        data = sum(t.length for t in tensors)
+        if data != size - 8 - n:
+            raise ValueError(f"{path}: its tensors hold {data} bytes but {size - 8 - n} follow the header")
+        tensors.sort(key=lambda t: t.name)
+        self.header, self._start = raw, 8 + n
+        self.specs = [(t.name, t.dtype, t.shape) for t in tensors]
+        self._begins = [t.offset for t in tensors]
 
-    def blobs() -> Iterator[bytes]:
-        with open(path, "rb") as f:
-            for begin, end in ranges:
-                f.seek(data_start + begin)
-                yield f.read(end - begin)
+    def fill(self, index: int, offset: int, dest: memoryview) -> None:
+        pos = self._start + self._begins[index] + offset
+        while dest:
+            n = os.preadv(self._file.fileno(), [dest], pos)
+            if not n:
+                raise ValueError("the file got shorter while being read")
+            dest, pos = dest[n:], pos + n
 
-    return specs, blobs()
+    def close(self) -> None:
+        self._file.close()
 
 
 def _fetcher(chunks: ChunkSource) -> Callable[[ChunkEntry], bytes]:

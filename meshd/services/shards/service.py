@@ -1,7 +1,9 @@
 """Publishing and fetching models between nodes.
 
-Publish: a state_dict (or ``.safetensors`` file) becomes chunks in the node's
-:class:`ChunkStore`, pinned, under a signed manifest kept in
+Publish: a state_dict (or ``.safetensors`` file, whose header the manifest
+keeps) becomes chunks in the node's :class:`ChunkStore`, streamed: cut, hashed
+and stored a few chunks at a time (:meth:`ChunkStore.put_stream`), so the model
+is never held twice; pinned under a signed manifest kept in
 ``DATA_DIR/manifests``; the node announces itself in the DHT as a provider of
 ``b"/shard/" + model id`` and records ``name -> version -> {id, publisher,
 time}`` in the registry document (``shards.registry``, by default this node's
@@ -41,7 +43,8 @@ from ...service import Documents, Host, Providers
 from .config import ShardsSection
 from .control import control_methods
 from .errors import FetchError
-from .format import ChunkError, Manifest, ManifestError, decode_manifest, decode_tensors, encode_tensors, sign_manifest
+from .format import (ChunkError, Layout, Manifest, ManifestError, decode_manifest, decode_tensors, open_encoder,
+                     sign_manifest)
 from .store import ChunkStore
 
 LANE_METHOD = "shards.lane"  # issues this service's lane tokens
@@ -52,6 +55,7 @@ PROVIDER_PREFIX = b"/shard/"
 MAX_IDS = 64  # chunk ids per shards.chunks request
 _FIRST_BATCH = 2  # chunks a provider is first given; then about a second's worth
 _CALL_TIMEOUT = 120.0
+_PUBLISHING = "(publishing) "  # the name of a publish's own pin, until its manifest is kept
 
 
 @dataclass
@@ -83,6 +87,9 @@ class Shards:
         self.store = ChunkStore(host.data_dir / "chunks", max_bytes=config.max_bytes)
         self._manifest_dir = host.data_dir / "manifests"
         self._manifest_dir.mkdir(mode=0o700, exist_ok=True)
+        for model, pin_name, *_ in self.store.pins():  # a publish cut short by a crash
+            if pin_name.startswith(_PUBLISHING):
+                self.store.unpin(model)
         self.fetches: dict[bytes, Progress] = {}
         self._lane = LaneServer(host, self._read) if config.lane else None
 
@@ -150,12 +157,12 @@ class Shards:
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
-    def unpin(self, model_id: bytes) -> bool:
+    async def unpin(self, model_id: bytes) -> bool:
         """Stop keeping a model: its chunks become collectable (unless another
         model shares them) and this node stops announcing it."""
         (self._manifest_dir / model_id.hex()).unlink(missing_ok=True)
         self._dht.unprovide(PROVIDER_PREFIX + model_id)
-        return self.store.unpin(model_id)
+        return await trio.to_thread.run_sync(self.store.unpin, model_id)
 
     # --- publish ---------------------------------------------------------------------
 
@@ -167,18 +174,28 @@ class Shards:
         """
         if version is None:
             version = 1 + max(await self.versions(name), default=0)
-        layout, chunks = await trio.to_thread.run_sync(encode_tensors, source)
-        manifest = sign_manifest(layout, name, version, sign=self._node.identity.sign,
-                                 public_key=self._node.peer_id.key)
-        await trio.to_thread.run_sync(self._put_all, manifest, chunks)
-        self._keep(manifest)
+        pin = os.urandom(32)  # holds the chunks while there is no manifest to pin them under
+        try:
+            layout = await trio.to_thread.run_sync(self._store, source, pin, f"{_PUBLISHING}{name}@{version}")
+            manifest = sign_manifest(layout, name, version, sign=self._node.identity.sign,
+                                     public_key=self._node.peer_id.key)
+            await trio.to_thread.run_sync(self._keep, manifest)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.store.unpin, pin)
         await self._announce(manifest)
         await self._register(manifest)
         return manifest
 
-    def _put_all(self, manifest: Manifest, chunks: list[bytes]) -> None:
-        for entry, data in zip(manifest.chunks, chunks):
-            self.store.put(entry.id, data)
+    def _store(self, source: Mapping | str | os.PathLike, pin: bytes, pin_name: str) -> Layout:
+        """Cut, hash and store ``source`` as a stream, its chunks pinned under ``pin``:
+        the model is never held whole (see :meth:`ChunkStore.put_stream`).  In a
+        worker thread: a publish holds the store for a group's fsyncs at a time,
+        which the event loop must not wait for."""
+        self.store.pin(pin, [], pin_name)
+        with open_encoder(source) as encoder:
+            ids = self.store.put_stream(encoder.chunks(), pin=pin)
+        return encoder.layout(ids)
 
     async def _announce(self, manifest: Manifest) -> None:
         try:
@@ -237,7 +254,8 @@ class Shards:
         if manifest is None:
             providers = await self._providers(model_id)
             manifest = await self._fetch_manifest(model_id, providers)
-            self._keep(manifest)  # pinned from the start: a resumed fetch keeps what it got
+            # pinned from the start: a resumed fetch keeps what it got
+            await trio.to_thread.run_sync(self._keep, manifest)
         sizes = {c.id: c.length for c in manifest.chunks}
         missing = await trio.to_thread.run_sync(self.store.missing, list(sizes))
         progress = self.fetches[model_id] = Progress(

@@ -22,11 +22,24 @@ chunk, and a crash anywhere leaves no partial chunk under a final name, no temp 
 the next open, and no row for a chunk not on disk.  (A file deleted or damaged behind the
 store's back is noticed by get or ``missing(verify=True)``.)
 
+Groups.  ``put_many`` does the same for many chunks at once: their rows go pending in one
+transaction, their files are written with writeback started at once (so the disk works
+while the next ones are written), then fsynced together from a few threads (so the file
+system commits them in few journal transactions), renamed, their folders fsynced, and their
+rows cleared in one transaction.  ``put_stream`` is what a publish uses: the caller's thread
+makes and hashes chunks while a writer thread writes them, at most ``STREAM_WINDOW`` bytes
+between the two (a chunk's memory is free once its file is written), and makes up to
+``STREAM_GROUP`` bytes of them durable at once.  So a model of any size is stored with
+bounded memory, hashing overlaps the disk, and a publish pays few rounds of fsyncs.  A group
+is written under the store's lock from its first file to its commit, so recovery (which
+gc runs too) and other puts never see one half done.
+
 get keeps access times in memory; they reach the index at gc and close, so reads cost no
 fsync.  gc evicts least recently used unpinned chunks first.
 
-One process per ``root``.  Not thread-safe, but any one thread at a time may make a call
-(``trio.to_thread.run_sync``): the connection is opened with ``check_same_thread=False``.
+One process per ``root``.  Calls are serialized by a lock, so any thread may make one
+(``trio.to_thread.run_sync``; put_stream's writer): the connection is opened with
+``check_same_thread=False``.
 """
 
 from __future__ import annotations
@@ -36,16 +49,21 @@ import functools
 import sqlite3
 import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from itertools import repeat
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import blake3
 
 from .format import ChunkError  # also: bytes that do not hash to the id given, an id not 32 bytes
 
 ID_LEN = 32
+STREAM_WINDOW = 32 << 20  # bytes of chunks put_stream holds between hashing and the disk
+STREAM_GROUP = 128 << 20  # bytes put_stream makes durable together (at most)
+FSYNC_THREADS = 4  # put_many syncs a batch's files in parallel
 
 _PINNED = "EXISTS (SELECT 1 FROM pin_chunks p WHERE p.chunk = chunks.id)"
 _SCHEMA = """
@@ -93,6 +111,92 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class _Pipe:
+    """Chunks from a producer to one writer, holding at most ``window`` bytes (see
+    :meth:`ChunkStore.put_stream`)."""
+
+    def __init__(self, window: int) -> None:
+        self._window, self._held = window, 0  # bytes queued or being written
+        self._queue: deque[tuple[bytes, bytes]] = deque()
+        self._closed = False
+        self.failure: BaseException | None = None
+        self._cond = threading.Condition()
+
+    def put(self, cid: bytes, data: bytes) -> None:
+        """Queue a chunk once there is room for it; raises the writer's failure, if any."""
+        with self._cond:
+            while self.failure is None and self._held and self._held + len(data) > self._window:
+                self._cond.wait()
+            if self.failure is not None:
+                raise self.failure
+            self._held += len(data)
+            self._queue.append((cid, data))
+            self._cond.notify_all()
+
+    def take(self, limit: int, *, wait: bool = True) -> list[tuple[bytes, bytes]]:
+        """The queued chunks, up to ``limit`` bytes (at least one), once there are any;
+        [] once the pipe is closed and empty (or, without ``wait``, if it is empty now)."""
+        with self._cond:
+            while wait and not self._queue and not self._closed:
+                self._cond.wait()
+            batch, size = [], 0
+            while self._queue and (not batch or size + len(self._queue[0][1]) <= limit):
+                batch.append(self._queue.popleft())
+                size += len(batch[-1][1])
+            return batch
+
+    def done(self, size: int) -> None:
+        with self._cond:
+            self._held -= size
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self.failure = exc
+            self._queue.clear()
+            self._cond.notify_all()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _start_writeback(fd: int) -> None:
+    """Have the kernel start writing the file's dirty pages now, not at the fsync
+    (on Linux, POSIX_FADV_DONTNEED starts writeback, then drops only clean pages)."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+class _Group:
+    """Chunks written as temp files under pending rows, not yet durable nor counted."""
+
+    def __init__(self) -> None:
+        self.ids: dict[bytes, Path] = {}  # id -> its temp file
+        self.size = 0
+
+    @property
+    def temps(self) -> list[Path]:
+        return list(self.ids.values())
+
+    def add(self, cid: bytes, tmp: Path, size: int) -> None:
+        self.ids[cid] = tmp
+        self.size += size
+
+    def clear(self) -> None:
+        self.ids.clear()
+        self.size = 0
+
+
 def _locked(method):
     """``method`` run under the store's lock: callers may be trio worker threads."""
 
@@ -117,6 +221,7 @@ class ChunkStore:
         self._db.executescript(_SCHEMA)
         self._touched: dict[bytes, int] = {}  # access times not yet written to the index
         self._lock = threading.RLock()  # one caller at a time, from any thread
+        self._fsyncs: ThreadPoolExecutor | None = None  # put_many's, made on first use
         self._recover()
         self._total = self._count()
 
@@ -125,6 +230,18 @@ class ChunkStore:
         """Write the access times kept in memory, and close the index."""
         self._flush_atimes()
         self._db.close()
+        if self._fsyncs is not None:
+            self._fsyncs.shutdown()
+
+    def _each(self, fsync: Callable[[Path], None], paths: Iterable[Path]) -> None:
+        """``fsync`` each path, several at once: the file system commits them together."""
+        paths = list(paths)
+        if len(paths) == 1:
+            fsync(paths[0])
+        elif paths:
+            if self._fsyncs is None:
+                self._fsyncs = ThreadPoolExecutor(FSYNC_THREADS, thread_name_prefix="chunk-fsync")
+            list(self._fsyncs.map(fsync, paths))
 
     def __enter__(self) -> ChunkStore:
         return self
@@ -194,7 +311,6 @@ class ChunkStore:
                                [(t, c) for c, t in self._touched.items()])
             self._touched.clear()
 
-    @_locked
     def put(self, cid: bytes, data: bytes) -> bool:
         """Store ``data`` as chunk ``cid``; durable when this returns True.
 
@@ -202,44 +318,166 @@ class ChunkStore:
         ``blake3(data) != cid``; StoreFull if the pinned chunks leave no room for it under
         ``max_bytes`` (then nothing is evicted), else gc evicts unpinned chunks to make room.
         """
-        _check_id(cid)
-        if (actual := chunk_id(data)) != cid:
-            raise ChunkError(f"chunk {cid.hex()}: the data hashes to {actual.hex()}")
-        path = self._path(cid)
-        size = self.size_of(cid)
-        if size is not None:
-            if path.exists():
-                self._touched[cid] = time.time_ns()
-                return False
-            self._remove([(cid, size)])  # the file was deleted behind our back
-        if self._total + len(data) > self.max_bytes:
+        return self.put_many([(cid, data)]) == 1
+
+    @_locked
+    def put_many(self, chunks: Iterable[tuple[bytes, bytes]], *, hashed: bool = False,
+                 pin: bytes | None = None) -> int:
+        """Store each ``(id, data)`` as :meth:`put` does; all durable when this returns.
+
+        Returns how many were not here already.  A batch costs two index transactions and
+        one round of fsyncs (the files', then the folders', issued together), however many
+        chunks it holds.  ``hashed``: the caller computed each id from these very bytes
+        (which must not change until this returns), so they are not hashed again.
+        ``pin``: add these chunks to that model's pins (see :meth:`pin`), before any room
+        is made for them, so that making room cannot evict one of them.  Raises as put
+        does, before writing any chunk.
+        """
+        group = _Group()
+        try:
+            new = self._stage(group, chunks, hashed=hashed, pin=pin)
+            self._commit(group)
+        except BaseException:
+            self._discard(group)
+            raise
+        return new
+
+    def _stage(self, group: _Group, chunks: Iterable[tuple[bytes, bytes]], *, hashed: bool,
+               pin: bytes | None) -> int:
+        """Write the chunks not here yet as temp files under pending rows, into ``group``
+        (which :meth:`_commit` makes durable, or :meth:`_discard` drops); returns how many.
+        The caller holds the lock from the first stage of a group to its commit or discard."""
+        batch: dict[bytes, bytes] = {}
+        for cid, data in chunks:
+            _check_id(cid)
+            if not hashed and (actual := chunk_id(data)) != cid:
+                raise ChunkError(f"chunk {cid.hex()}: the data hashes to {actual.hex()}")
+            batch.setdefault(cid, data)
+        if pin is not None:
+            _check_id(pin)
+        pins = [] if pin is None else [(cid, pin, len(data)) for cid, data in batch.items()]
+        new: list[tuple[bytes, bytes]] = []
+        for cid, data in batch.items():
+            if cid in group.ids:
+                continue
+            size = self.size_of(cid)
+            if size is not None:
+                if self._path(cid).exists():
+                    self._touched[cid] = time.time_ns()
+                    continue
+                self._remove([(cid, size)])  # the file was deleted behind our back
+            new.append((cid, data))
+        need = sum(len(data) for _, data in new)
+        full = self._total + group.size + need > self.max_bytes
+        if pins and (not new or full):  # pinned before any room is made
+            with self._tx() as db:
+                db.executemany("INSERT OR IGNORE INTO pin_chunks VALUES (?, ?, ?)", pins)
+            pins = []
+        if not new:
+            return 0
+        if full:
+            self._commit(group)  # what is staged is stored, and counts, before room is made
             pinned = self._db.execute("SELECT COALESCE(SUM(size), 0) FROM chunks"
                                       f" WHERE pending = 0 AND {_PINNED}").fetchone()[0]
-            if pinned + len(data) <= self.max_bytes:  # else evict nothing in vain
-                self.gc(self.max_bytes - len(data))
-            if self._total + len(data) > self.max_bytes:
-                raise StoreFull(f"{len(data)} bytes do not fit: {pinned} of {self.max_bytes} pinned")
+            if pinned + need <= self.max_bytes:  # else evict nothing in vain
+                self.gc(self.max_bytes - need)
+            if self._total + need > self.max_bytes:
+                raise StoreFull(f"{need} bytes do not fit: {pinned} of {self.max_bytes} pinned")
+        now = time.time_ns()
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, 1)",
-                       (cid, len(data), time.time_ns()))
-        if not path.parent.exists():
-            path.parent.mkdir()
+            db.executemany("INSERT OR IGNORE INTO pin_chunks VALUES (?, ?, ?)", pins)
+            db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, 1)",
+                           [(cid, len(data), now) for cid, data in new])
+        folders = {self._path(cid).parent for cid, _ in new}
+        created = [folder for folder in folders if not folder.exists()]
+        for folder in created:
+            folder.mkdir()
+        if created:
             _fsync_dir(self.root)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
+        for cid, data in new:
+            path = self._path(cid)
+            tmp = path.with_name(path.name + ".tmp")
+            group.add(cid, tmp, len(data))
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise  # the row stays pending: the next gc or open settles it
-        _fsync_dir(path.parent)
+                _start_writeback(f.fileno())
+        return len(new)
+
+    def _commit(self, group: _Group) -> None:
+        """Make the staged chunks durable and present: fsync the temp files, rename them,
+        fsync their folders, clear their pending rows."""
+        if not group.ids:
+            return
+        self._each(_fsync_file, group.temps)
+        for tmp in group.temps:
+            os.replace(tmp, tmp.with_suffix(""))
+        self._each(_fsync_dir, {tmp.parent for tmp in group.temps})
         with self._tx() as db:
-            db.execute("UPDATE chunks SET pending = 0 WHERE id = ?", (cid,))
-        self._total += len(data)
-        return True
+            db.executemany("UPDATE chunks SET pending = 0 WHERE id = ?", [(cid,) for cid in group.ids])
+        self._total += group.size
+        group.clear()
+
+    def _discard(self, group: _Group) -> None:
+        """After a failure: remove the temp files; their rows stay pending, and the next
+        gc or open settles them (a chunk renamed already is kept)."""
+        for tmp in group.temps:
+            tmp.unlink(missing_ok=True)
+        group.clear()
+
+    def put_stream(self, chunks: Iterable[bytes], *, pin: bytes | None = None,
+                   window: int | None = None) -> list[bytes]:
+        """Hash and store every chunk ``chunks`` yields, in order; returns their ids.
+
+        For a publish: the calling thread makes (by iterating) and hashes the chunks while
+        a writer thread writes them to temp files, batches of up to half the ``window``
+        (default ``STREAM_WINDOW``) at a time, and makes them durable together every
+        ``STREAM_GROUP`` bytes, or whenever it has caught up with the chunks made (so it
+        never holds the store's lock while waiting for them).  Hashing thus overlaps
+        writing, and a group costs one round of fsyncs.  Chunks waiting or being written
+        hold at most ``window`` bytes (or one chunk, if larger): memory stays bounded
+        whatever the model's size.  Each chunk's bytes must not change once yielded (a
+        new buffer per chunk).  ``pin`` as for put_many.  Raises what the iterator or a
+        put raised (the chunks stored by then stay, unpinned unless ``pin``).
+        """
+        window = STREAM_WINDOW if window is None else window
+        ids: list[bytes] = []
+        pipe = _Pipe(window)
+        writer = threading.Thread(target=self._drain, args=(pipe, pin, window // 2),
+                                  name="chunk-store-writer", daemon=True)
+        writer.start()
+        try:
+            for data in chunks:
+                cid = chunk_id(data)
+                ids.append(cid)
+                pipe.put(cid, data)
+        finally:
+            pipe.close()
+            writer.join()
+        if pipe.failure is not None:
+            raise pipe.failure
+        return ids
+
+    def _drain(self, pipe: _Pipe, pin: bytes | None, batch_bytes: int) -> None:
+        """The writer of :meth:`put_stream`: stage what the pipe holds, a group at a time,
+        until it is closed."""
+        try:
+            while batch := pipe.take(batch_bytes):
+                with self._lock:
+                    group, seen = _Group(), 0
+                    try:
+                        while batch:
+                            self._stage(group, batch, hashed=True, pin=pin)
+                            size = sum(len(data) for _, data in batch)
+                            pipe.done(size)  # written (to the page cache): its memory is free
+                            seen += size
+                            batch = pipe.take(batch_bytes, wait=False) if seen < STREAM_GROUP else []
+                        self._commit(group)
+                    except BaseException:
+                        self._discard(group)
+                        raise
+        except BaseException as exc:
+            pipe.fail(exc)
 
     def _load(self, cid: bytes, verify: bool) -> bytes | None:
         size = self.size_of(cid)

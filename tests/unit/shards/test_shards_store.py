@@ -1,5 +1,6 @@
-"""The chunk store: round trips, hash checks, dedup, pins shared between models, gc and
-its limits, corruption on disk, and crash safety (a writer killed mid-put)."""
+"""The chunk store: round trips, hash checks, dedup, batches and streams (bounded memory,
+pins before room is made), pins shared between models, gc and its limits, corruption on
+disk, and crash safety (a writer killed mid-put or mid-stream)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,72 @@ def test_duplicate_put_stores_once(store, root):
     assert store.put(a, da) is False
     assert store.total_bytes() == 1000
     assert list(files(root)) == [a.hex()]
+
+
+def test_put_many_stores_a_batch_once_each(store, root):
+    chunks = [make(i) for i in range(5)]
+    assert store.put(*chunks[0]) is True
+    assert store.put_many([*chunks, chunks[3]]) == 4  # the one already here and the repeat are not new
+    assert all(store.get(cid) == data for cid, data in chunks)
+    assert set(files(root)) == {cid.hex() for cid, _ in chunks} and store.total_bytes() == 5000
+    with pytest.raises(ChunkError):  # one bad chunk: none of the batch is stored
+        store.put_many([make(10), (make(11)[0], make(12)[1])])
+    assert not store.has(make(10)[0]) and store.total_bytes() == 5000
+    assert store.put_many([make(10), (make(11)[0], make(12)[1])], hashed=True) == 2  # trusted, as told
+
+
+def test_put_many_pins_before_it_makes_room(root):
+    store = ChunkStore(root, max_bytes=4000)
+    old = [make(i) for i in range(4)]
+    store.put_many(old)
+    store.pin(M1, [], "publishing")
+    assert store.put_many([make(10), make(11)], pin=M1) == 2  # room: the two oldest go
+    assert store.put_many([old[2], make(12)], pin=M1) == 1  # room for one: old[3], not old[2] it pins
+    assert store.missing([c for c, _ in old]) == [old[0][0], old[1][0], old[3][0]]
+    with pytest.raises(StoreFull):  # all of it pinned
+        store.put_many([make(13)], pin=M1)
+    store.unpin(M1)
+    assert store.put_many([make(13)]) == 1
+    store.close()
+
+
+def test_put_stream_stores_in_order_with_bounded_memory(store):
+    chunks = [make(i, 3000)[1] for i in range(40)]
+    stored, held = [], []
+    stage = store._stage
+
+    def slow_stage(group, batch, **kwargs):  # a slow disk
+        time.sleep(0.002)
+        stored.extend(data for _, data in batch)
+        return stage(group, batch, **kwargs)
+
+    def produce():
+        for i, data in enumerate(chunks):
+            held.append(sum(map(len, chunks[:i])) - sum(map(len, stored)))  # made, not yet written
+            yield bytearray(data)
+
+    store._stage = slow_stage
+    ids = store.put_stream(produce(), window=10_000)
+    assert ids == [chunk_id(c) for c in chunks] and all(store.get(i) == c for i, c in zip(ids, chunks))
+    assert max(held) <= 10_000 + 3000 and len(stored) == 40
+
+
+def test_put_stream_raises_what_failed_and_stops(root):
+    def produce(n, fail=False):
+        for i in range(n):
+            yield make(i)[1]
+        if fail:
+            raise ValueError("the file got shorter")
+
+    with ChunkStore(root, max_bytes=10_000) as store:
+        with pytest.raises(ValueError, match="shorter"):
+            store.put_stream(produce(3, fail=True))
+        assert store.missing([make(i)[0] for i in range(3)]) == []  # what came before the failure is stored
+        made = produce(1000)
+        with pytest.raises(StoreFull):
+            store.pin(M1, [], "publishing")
+            store.put_stream(made, pin=M1, window=2000)
+        assert len(list(made)) > 900  # the producer stopped soon after the writer failed
 
 
 def test_models_sharing_chunks(store):
@@ -218,19 +286,27 @@ def announced_replace(src, dst):
     replace(src, dst)
 os.fsync, os.replace = announced_fsync, announced_replace
 store = ChunkStore(sys.argv[1], max_bytes=1 << 40)
-for i in range(100000):
-    data = os.urandom(1 + i * 7919 % (512 * 1024))
-    cid = chunk_id(data)
-    store.put(cid, data)
-    say(cid.hex())
+if sys.argv[2] == "put":
+    for i in range(100000):
+        data = os.urandom(1 + i * 7919 % (512 * 1024))
+        cid = chunk_id(data)
+        store.put(cid, data)
+        say(cid.hex())
+else:  # put_stream: groups of chunks, acknowledged when the call returns
+    for n in range(100000):
+        chunks = [os.urandom(1 + (n * 7 + i) * 7919 % (512 * 1024)) for i in range(7)]
+        for cid in store.put_stream(iter(chunks), window=1 << 20):
+            say(cid.hex())
 """
 
 
-@pytest.mark.parametrize("kill_at", ["ack", "@fsync-file", "@replace", "@fsync-dir"])
-def test_acknowledged_chunks_survive_sigkill(root, kill_at):
-    """A writer is killed after 100 acknowledged puts, at the next ``kill_at`` (right after
-    an acknowledgement, or as put fsyncs the temp file, renames it, or fsyncs a folder)."""
-    child = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], cwd=ROOT,
+@pytest.mark.parametrize("how, kill_at", [("put", "ack"), ("put", "@fsync-file"), ("put", "@replace"),
+                                          ("put", "@fsync-dir"), ("stream", "@fsync-file"), ("stream", "@replace")])
+def test_acknowledged_chunks_survive_sigkill(root, how, kill_at):
+    """A writer is killed after 100 acknowledged chunks, at the next ``kill_at`` (right after
+    an acknowledgement, or as it fsyncs a temp file, renames one, or fsyncs a folder); it
+    stores them one put at a time, or seven at a time with put_stream."""
+    child = subprocess.Popen([sys.executable, "-c", WRITER, str(root), how], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines, acks = [], 0
     try:
