@@ -429,8 +429,10 @@ class DhtNode:
     async def get(self, key: bytes) -> Record | None:
         """The best valid record for ``key`` among those found, or None.
 
-        Replicas that answered with an older record, and close nodes that had
-        none, are sent the best one in the background.
+        Replicas that answered with an older record, and close nodes that
+        answered without one, are sent the best one in the background; the
+        close nodes the lookup did not ask only when some replica was behind
+        (otherwise most of them hold it already).
         """
         now = self.wall()
         best, holders, lookup = await self._once((GET_VALUE, key), lambda: self._value_lookup(key))
@@ -443,7 +445,10 @@ class DhtNode:
         if best is not None and self._nursery is not None:
             stale = [c for c, r in holders if r is not best and self.validators.better(best, r)]
             had = {c for c, _ in holders}
-            stale += [c for c in lookup.closest() if c not in had][: self.config.k - len(holders)]
+            if stale:  # a replica was behind: the ones not asked may be too
+                stale += [c for c in lookup.closest() if c not in had][: self.config.k - len(holders)]
+            else:  # all agreed: only those asked that had none
+                stale += [c for c in lookup.answered_closest() if c not in had]
             if stale:
                 self._nursery.start_soon(self._send_records, stale, [best])
         return best

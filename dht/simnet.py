@@ -31,6 +31,7 @@ class SimNetwork:
         self.dead: set[bytes] = set()
         self.messages = 0
         self.calls: Counter[bytes] = Counter()  # messages sent to each node, dead or alive
+        self.methods: Counter[str] = Counter()  # messages sent, by method
 
     def endpoint(self, public_key: bytes) -> "SimEndpoint":
         """The :class:`~dht.network.Network` one node uses: calls carry its key as the sender."""
@@ -39,6 +40,7 @@ class SimNetwork:
     async def deliver(self, sender: bytes, contact: Contact, method: str, msg: dict) -> dict:
         self.messages += 1
         self.calls[contact.public_key] += 1
+        self.methods[method] += 1
         request = msgpack.unpackb(msgpack.packb(msg))
         target = self.nodes.get(contact.public_key)
         if target is None or contact.public_key in self.dead or sender in self.dead:

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from dht.ids import Contact, key_id
-from dht.network import ADD_PROVIDER, Refused
+from dht.network import ADD_PROVIDER, GET_VALUE, PUT_VALUE, Refused
 from dht.node import DhtConfig
 from dht.records import Record
 from dht.simnet import SimNetwork, fill_tables, make_nodes
@@ -148,6 +148,23 @@ async def test_in_a_mesh_smaller_than_k_a_put_takes_one_round_trip_and_reaches_e
         assert trio.current_time() - started == pytest.approx(2 * net.latency)  # no lookup first
         await trio.sleep(1)  # virtual time: the rest, and the lookup, in the background
         assert all(n.records.get(b"/open/small", n.wall()) is not None for n in nodes)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_get_whose_replicas_agree_sends_the_record_only_to_asked_nodes_without_it(small):
+    net, nodes = small
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        key = b"/open/agreed"
+        await nodes[0].put(key, b"v")
+        await trio.testing.wait_all_tasks_blocked()
+        asked_before, stores_before = net.methods[GET_VALUE], net.methods[PUT_VALUE]
+        assert (await nodes[1].get(key)).value == b"v"
+        await trio.testing.wait_all_tasks_blocked()
+        asked = net.methods[GET_VALUE] - asked_before
+        pushed = net.methods[PUT_VALUE] - stores_before
+        assert pushed <= asked - DhtConfig().get_quorum  # only to asked nodes that had no record
         nursery.cancel_scope.cancel()
 
 
