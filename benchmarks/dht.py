@@ -18,7 +18,8 @@ One run, one table (~4-5 min on 2 cores with the anchors):
    rows are printed beside ours.
 
 Targets (printed beside the numbers): lookup <= 4 round trips at N = 10,000; with 16 daemons
-get p50 <= 5 ms and put p50 <= 10 ms; >= 99.9 % of gets succeed with 30 % of the nodes dead.
+get p50 <= 5 ms and put p50 <= 10 ms; >= 99.9 % of gets succeed with 30 % of the nodes dead, the
+first pass after the kills with p95 <= 500 ms.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ VALUE_SIZE = 64  # bytes, as the anchor scripts store
 TARGET_RTT_N, TARGET_RTT = 10_000, 4.0  # lookup round trips (p50) at this network size
 TARGET_DAEMONS, TARGET_GET_MS, TARGET_PUT_MS = 16, 5.0, 10.0  # p50s with this many daemons
 TARGET_SUCCESS = 0.999  # gets with 30 % of the nodes dead
+TARGET_DEAD_P95_MS = 500.0  # the first pass of gets right after the kills
 
 
 def pct(samples, p):
@@ -393,9 +395,13 @@ def real_rows(counts: list[int], args, results: dict) -> list[dict]:
             d = res[key]
             ok = d["get_ok"] / d["tried"] if d["tried"] else 0.0
             cut = "" if d["tried"] == d["keys"] else f" (budget: {d['tried']}/{d['keys']} keys tried)"
-            rows.append(row(sysname, label, n, _ms(d["get_lat"], 50), _ms(d["get_lat"], 95),
+            p95 = _ms(d["get_lat"], 95)
+            first = key == "dead"  # the first pass also has a latency target
+            rows.append(row(sysname, label, n, _ms(d["get_lat"], 50), p95,
                             _ms(d["get_lat"], 99), success=ok, unit="ms", kind=key,
-                            target=f"≥ {TARGET_SUCCESS:.1%}", met=d["tried"] > 0 and ok >= TARGET_SUCCESS,
+                            target=f"≥ {TARGET_SUCCESS:.1%}" + (f", p95 ≤ {TARGET_DEAD_P95_MS:g} ms" if first else ""),
+                            met=d["tried"] > 0 and ok >= TARGET_SUCCESS
+                            and (not first or (p95 is not None and p95 <= TARGET_DEAD_P95_MS)),
                             note=f"{what}; {d['wall_s']:.1f} s{cut}"))
     return rows
 
