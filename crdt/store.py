@@ -1,8 +1,12 @@
 """The SQLite file that keeps documents: their op logs and snapshots.
 
-WAL mode with ``synchronous=FULL``: when :meth:`Store.save` returns, the
-changes survive the process being killed and the machine losing power, so a
-change may be acknowledged to its writer then.  Compaction folds the log into
+WAL mode.  When :meth:`Store.save` returns, the changes survive the process
+being killed; with ``durable`` (the default: a local write, acknowledged to
+its writer then) they also survive the machine losing power (an fsync, as
+``synchronous=FULL``).  Changes received from peers are saved without that
+fsync: their authors keep them, and a replica that lost some in a power cut
+gets them back at its next sync.  The next durable commit makes them durable
+too.  Compaction folds the log into
 a snapshot of the state, so opening a document no longer replays (and
 re-reads) its whole history; the signed changes themselves stay, because
 peers that are behind need them and can only trust what their authors signed.
@@ -68,12 +72,24 @@ class Store:
         return [(owner, name) for owner, name in
                 self._conn.execute("SELECT owner, name FROM crdt_docs ORDER BY name")]
 
-    def save(self, doc: Document, changes: Iterable[Change]) -> None:
-        """Write ``changes`` of ``doc`` in one transaction; durable when this returns."""
-        rows = [(doc.id, c.key, int(any(op[0] in (GRANT, REVOKE) for op in c.ops)), c.wire) for c in changes]
-        with self._transaction():
-            self._conn.executemany(
-                "INSERT OR IGNORE INTO crdt_changes (doc, key, acl, wire) VALUES (?, ?, ?, ?)", rows)
+    def save(self, doc: Document, changes: Iterable[Change], *, durable: bool = True) -> None:
+        """Write ``changes`` of ``doc`` in one transaction: safe from a killed process
+        when this returns, and with ``durable`` from a power cut too (an fsync)."""
+        self.save_many([(doc, changes)], durable=durable)
+
+    def save_many(self, batches: Iterable[tuple[Document, Iterable[Change]]], *, durable: bool = True) -> None:
+        """:meth:`save` for the changes of several documents, all in one transaction."""
+        rows = [(doc.id, c.key, int(any(op[0] in (GRANT, REVOKE) for op in c.ops)), c.wire)
+                for doc, changes in batches for c in changes]
+        if not durable:
+            self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL: no fsync at commit
+        try:
+            with self._transaction():
+                self._conn.executemany(
+                    "INSERT OR IGNORE INTO crdt_changes (doc, key, acl, wire) VALUES (?, ?, ?, ?)", rows)
+        finally:
+            if not durable:
+                self._conn.execute("PRAGMA synchronous=FULL")
 
     def wires(self, doc_id: bytes, keys: Iterable[bytes]) -> list[bytes]:
         """The stored changes with these sync keys (those we have), in key order."""

@@ -229,12 +229,42 @@ async def test_a_write_the_disk_refuses_is_not_acknowledged_and_not_kept(tmp_pat
         a.service("crdt").write(replica, lambda tx: tx.set(["kept"], 1))
         store = a.service("crdt").store
 
-        def full_disk(doc, changes):
+        def full_disk(batches, durable=True):
             raise sqlite3.OperationalError("database or disk is full")
-        monkeypatch.setattr(store, "save", full_disk)
+        monkeypatch.setattr(store, "save_many", full_disk)
         with pytest.raises(DocError, match="disk is full"):
             a.service("crdt").write(replica, lambda tx: tx.set(["lost"], 2))
         assert replica.doc.get() == {"kept": 1}  # reloaded: memory holds what the disk holds
         monkeypatch.undo()
         a.service("crdt").write(replica, lambda tx: tx.set(["next"], 3))
         assert store.load(a.peer_id.key, NAME).get() == {"kept": 1, "next": 3}
+
+
+async def test_writes_made_together_share_one_commit_and_are_on_disk_when_acknowledged(tmp_path, monkeypatch):
+    async with AsyncExitStack() as stack:
+        (a,) = await open_nodes(stack, tmp_path, "a")
+        docs = a.service("crdt")
+        replica = await docs.open(NAME, create=True)
+        commits, save_many = [], docs.store.save_many
+        monkeypatch.setattr(docs.store, "save_many", lambda batches, durable=True: (
+            commits.append(durable), save_many(batches, durable=durable))[1])
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(docs.write_shared, replica, lambda tx, i=i: tx.set([f"k{i}"], i))
+        assert commits == [True]  # eight writes, one durable transaction
+        assert docs.store.load(a.peer_id.key, NAME).get() == {f"k{i}": i for i in range(8)}
+
+        def full_disk(batches, durable=True):
+            raise sqlite3.OperationalError("database or disk is full")
+        monkeypatch.setattr(docs.store, "save_many", full_disk)
+        failed = []
+
+        async def refused(i):
+            with pytest.raises(DocError, match="disk is full"):
+                await docs.write_shared(replica, lambda tx: tx.set(["lost"], i))
+            failed.append(i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(refused, i)
+        assert sorted(failed) == [0, 1, 2] and "lost" not in replica.doc.get()  # each caller told; none kept

@@ -83,7 +83,7 @@ def control_methods(docs, me: PeerId) -> dict:
         if not isinstance(entries, list) or not 0 < len(entries) <= _MAX_OPS:
             raise InvalidArgument(f"ops must be a list of 1 to {_MAX_OPS} operations")
         try:
-            change = docs.write(replica, lambda tx: _record(tx, entries))
+            change = await docs.write_shared(replica, lambda tx: _record(tx, entries))
         except DocError as exc:
             raise InvalidArgument(str(exc)) from None
         return {"change": change.id.hex(), "lamport": change.lamport}

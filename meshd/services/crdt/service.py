@@ -52,6 +52,15 @@ _SYNC_TIMEOUT = 60.0
 _PUSH_TIMEOUT = 10.0
 
 
+class _Batch:
+    """Local writes that share one commit."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[Replica, list[Change]]] = []
+        self.done = trio.Event()
+        self.error: DocError | None = None
+
+
 class Crdt:
     """The documents a node keeps, and their replication (service ``crdt``, config ``[crdt]``)."""
 
@@ -65,6 +74,7 @@ class Crdt:
         self._replicas: dict[bytes, Replica] = {}
         self._limiter = RateLimiter(config.peer_rate, config.peer_burst)
         self._nursery: trio.Nursery | None = None
+        self._batch: _Batch | None = None  # writes waiting for the next group commit
 
     def rpc_methods(self) -> dict:
         return {"crdt.sync": Method(self._serve_sync, "bidi"), "crdt.push": self._serve_push}
@@ -156,6 +166,39 @@ class Crdt:
 
         Raises DocError if this node may not write, or an operation is bad.
         """
+        change = self._make(replica, fill)
+        self._save([(replica, [change])])
+        self._applied(replica, [change], source=None)
+        return change
+
+    async def write_shared(self, replica: Replica, fill: Callable[[Transaction], None]) -> Change:
+        """:meth:`write`, committed together with the other writes made meanwhile (one
+        transaction, one fsync for all: group commit); returns once it is on disk."""
+        change = self._make(replica, fill)
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch()
+            self._nursery.start_soon(self._commit, batch)
+        batch.writes.append((replica, [change]))
+        await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+        return change
+
+    async def _commit(self, batch: "_Batch") -> None:
+        await trio.lowlevel.cancel_shielded_checkpoint()  # writes scheduled with the first one join it
+        self._batch = None
+        try:
+            self._save(batch.writes)
+        except DocError as exc:
+            batch.error = exc
+        else:
+            for replica, changes in batch.writes:
+                self._applied(replica, changes, source=None)
+        batch.done.set()
+
+    def _make(self, replica: Replica, fill: Callable[[Transaction], None]) -> Change:
+        """One signed change with what ``fill`` records, applied in memory (not stored yet)."""
         doc = replica.doc
         tx = doc.transaction()
         try:
@@ -165,19 +208,19 @@ class Crdt:
             doc.receive(change)
         except (ChangeError, Rejected) as exc:
             raise DocError(str(exc)) from None
-        self._save(replica, [change])
-        self._applied(replica, [change], source=None)
         return change
 
-    def _save(self, replica: Replica, changes: list[Change]) -> None:
-        """Store changes already applied in memory.  If the disk refuses them, the
-        replica is reloaded from disk (so memory holds nothing the disk lacks:
+    def _save(self, writes: list[tuple[Replica, list[Change]]], *, durable: bool = True) -> None:
+        """Store changes already applied in memory, in one transaction (``durable``:
+        safe from a power cut, for this node's own writes).  If the disk refuses them,
+        their replicas are reloaded from disk (so memory holds nothing the disk lacks:
         peers are never offered a change we cannot send) and DocError is raised."""
         try:
-            self.store.save(replica.doc, changes)
+            self.store.save_many([(replica.doc, changes) for replica, changes in writes], durable=durable)
         except (sqlite3.Error, OSError) as exc:
-            replica.doc = self.store.load(replica.doc.owner, replica.doc.name,
-                                          max_pending=self._config.max_pending)
+            for replica in {id(r): r for r, _ in writes}.values():
+                replica.doc = self.store.load(replica.doc.owner, replica.doc.name,
+                                              max_pending=self._config.max_pending)
             raise DocError(f"could not store the change: {exc}") from None
 
     @contextmanager
@@ -233,8 +276,8 @@ class Crdt:
                     log.info("%s: refused a change from %s: %s", replica.ref, source.short(), exc)
         finally:  # what was applied is stored, even when the rest of the batch is refused
             if applied:
-                try:
-                    self._save(replica, applied)
+                try:  # a peer's changes: their authors keep them, so no fsync for each push
+                    self._save([(replica, applied)], durable=False)
                 except DocError as exc:
                     raise Unavailable(str(exc)) from None
                 self._applied(replica, applied, source)
