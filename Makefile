@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test unit lint bench bench-dht bench-crdt bench-shards bench-cli clean coturn nftables
+.PHONY: demo test unit lint bench bench-dht bench-crdt bench-shards bench-pmtu bench-cli clean coturn nftables
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
@@ -32,6 +32,9 @@ bench-crdt: $(STAMP)
 bench-shards: $(STAMP)
 	$(VENV)/bin/python benchmarks/lane.py
 	$(VENV)/bin/python benchmarks/shards.py
+
+bench-pmtu: $(STAMP)
+	$(VENV)/bin/python benchmarks/pmtu.py
 
 bench-cli: $(STAMP)
 	$(VENV)/bin/python benchmarks/cli.py

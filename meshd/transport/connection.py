@@ -1,7 +1,8 @@
-"""One QUIC connection to a peer: aioquic's sans-IO state machine driven by trio.
+"""One QUIC connection to a peer: aioquic's sans-IO state machine (quic.py) driven by trio.
 
 The endpoint feeds received datagrams in and this object turns aioquic's
-events into stream data, authentication and termination.  Sending is batched:
+events into stream data, authentication and termination, and sends the
+path-MTU probes the state machine hands out.  Sending is batched:
 application writes mark the connection dirty and one flush per scheduling
 round turns everything queued into datagrams.  aioquic's timer is a cancel
 scope whose deadline follows ``get_timer()``.
@@ -12,15 +13,16 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections import Counter
 from typing import Callable, Protocol
 
 import trio
 from aioquic.quic import events as ev
-from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode
 
 from ..identity import Identity, PeerId
 from ..streams import StreamAborted
+from .quic import DatagramSizeChanged, MeshQuicConnection, PathMtuSearchDone
 from .stream import SEND_HIGH_WATER, QuicCallStream
 from .tls import PeerAuthError, peer_id_from_certificate
 
@@ -36,49 +38,6 @@ CLOSE_REPLACED = 0x103
 _MIN_FLUSH_BATCH = 16  # writes; smaller bursts go out in one flush per scheduling round
 
 
-class MeshQuicConnection(QuicConnection):
-    """aioquic's connection with the changes meshd needs.
-
-    * A server asks the client for its certificate, so both sides prove a key.
-    * Receive credit (MAX_DATA, MAX_STREAM_DATA) grows as the application
-      reads, not as data arrives, so an unread stream stops its sender.  The
-      PeerConnection raises the limits in ``consumed``; aioquic's own
-      doubling rule is neutralised here by hiding the amounts it looks at.
-    * ACKs are not delayed (see ``__init__``).
-    """
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        # aioquic holds every ACK back for 1 ms, so a reply that leaves sooner goes
-        # without it and a timer wakes up later to send the ACK alone.  With no
-        # delay, the ACK rides on the next packet we send; our flush already
-        # batches one per scheduling round, so no ACK storm follows.
-        self._ack_delay = 0.0
-
-    def _initialize(self, peer_cid: bytes) -> None:
-        super()._initialize(peer_cid)
-        if not self._is_client:
-            self.tls._request_client_certificate = True
-
-    def _write_connection_limits(self, builder, space) -> None:  # type: ignore[override]
-        limit = self._local_max_data
-        used, limit.used = limit.used, 0
-        try:
-            super()._write_connection_limits(builder, space)
-        finally:
-            limit.used = used
-
-    def _write_stream_limits(self, builder, space, stream) -> None:  # type: ignore[override]
-        if stream.max_stream_data_local_sent == stream.max_stream_data_local:
-            return  # nothing to announce (called for every stream in every packet: keep it cheap)
-        receiver = stream.receiver
-        highest, receiver.highest_offset = receiver.highest_offset, 0
-        try:
-            super()._write_stream_limits(builder, space, stream)
-        finally:
-            receiver.highest_offset = highest
-
-
 class ConnectionOwner(Protocol):
     """What a connection needs of the endpoint that owns it (``Endpoint``).
 
@@ -86,9 +45,10 @@ class ConnectionOwner(Protocol):
     """
 
     identity: Identity
+    stats: Counter[str]
 
-    def send_datagram(self, data: bytes, addr: tuple) -> None:
-        """Send one datagram to ``addr`` now."""
+    def send_datagram(self, data: bytes, addr: tuple) -> bool:
+        """Send one datagram to ``addr`` now; False if the socket refused it as too large (EMSGSIZE)."""
 
     def route_cid(self, cid: bytes, conn: PeerConnection) -> None:
         """Deliver datagrams addressed to connection ID ``cid`` to ``conn``."""
@@ -239,8 +199,16 @@ class PeerConnection:
         send = self.endpoint.send_datagram
         self._tx_writes = 0
         self._tx_streams = len(self._streams)
-        for data, addr in quic.datagrams_to_send(now=trio.current_time()):
+        now = trio.current_time()
+        for data, addr in quic.datagrams_to_send(now=now):
             send(data, addr)
+        probe = quic.pmtu_probe(now)
+        if probe is not None:
+            data, addr, probe = probe
+            self.endpoint.stats["pmtu_probes"] += 1
+            if not send(data, addr):
+                self.endpoint.stats["pmtu_probes_refused"] += 1
+                quic.pmtu_probe_refused(probe)
         timer = quic.get_timer()
         timer = math.inf if timer is None else timer
         if timer != self._timer_at:
@@ -304,6 +272,8 @@ class PeerConnection:
                 self._authenticate(event)
             elif kind is ev.ConnectionTerminated:
                 self._on_terminated(event)
+            elif kind is DatagramSizeChanged or kind is PathMtuSearchDone:
+                self._path_mtu_event(event)
 
     def _incoming_stream(self, stream_id: int) -> QuicCallStream | None:
         """A new stream the peer opened, handed to ``on_stream`` once authenticated."""
@@ -335,6 +305,23 @@ class PeerConnection:
         self.peer_id = peer
         self.established.set()
         self.endpoint.connection_established(self)
+
+    def _path_mtu_event(self, event: DatagramSizeChanged | PathMtuSearchDone) -> None:
+        """Count and log what the path-MTU search did (a settled search and a black hole at info level)."""
+        stats = self.endpoint.stats
+        where = f"{self.peer_id or '?'} at {_hostport(self.remote_addr)}"
+        if isinstance(event, PathMtuSearchDone):
+            stats["pmtu_searches_done"] += 1
+            log.info("path MTU to %s: datagrams of %d bytes (%d probes, %d lost)",
+                     where, event.size, event.probes, event.lost)
+        elif event.reason == "black hole":
+            stats["pmtu_black_holes"] += 1
+            log.info("path MTU to %s: packets of %d bytes stopped arriving, back to %d",
+                     where, event.previous, event.size)
+        else:
+            if event.size > event.previous:
+                stats["pmtu_raised"] += 1
+            log.debug("datagram size to %s: %d -> %d (%s)", where, event.previous, event.size, event.reason)
 
     def _on_terminated(self, event: ev.ConnectionTerminated) -> None:
         self._finish(event.reason_phrase or _close_reason(event.error_code, self.peer_id))
@@ -464,6 +451,15 @@ class PeerConnection:
     def open_streams(self) -> int:
         return len(self._streams)
 
+    @property
+    def datagram_size(self) -> int:
+        """The largest datagram sent on this connection now (path MTU discovery raises it)."""
+        return self.quic.datagram_size
+
+
+def _hostport(addr: tuple) -> str:
+    host = addr[0]
+    return f"[{host}]:{addr[1]}" if ":" in str(host) else f"{host}:{addr[1]}"
 
 
 def _close_reason(code: int, peer: PeerId | None) -> str:

@@ -8,11 +8,13 @@ packet starts an incoming connection; anything else is counted and dropped.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import itertools
 import logging
 import socket
 import ssl
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -27,7 +29,9 @@ from aioquic.quic.packet import (
 )
 
 from ..identity import Identity, PeerId
-from .connection import ALPN, CLOSE_REFUSED, MeshQuicConnection, PeerConnection
+from .connection import ALPN, CLOSE_REFUSED, PeerConnection
+from .pmtu import UDP_IPV4_OVERHEAD, UDP_IPV6_OVERHEAD, ladder
+from .quic import MeshQuicConnection
 from .tls import identity_certificate
 
 log = logging.getLogger("meshd.transport")
@@ -37,6 +41,10 @@ _MAX_DIALED = 4096
 _RECV_BATCH = 16  # datagrams per wake-up: bigger batches delay ACKs and credit (measured: 128 cut bulk to ~110 MB/s)
 _SOCKET_BUFFER = 8 << 20
 _MIN_INITIAL = 1200
+AIOQUIC_MAX_DATAGRAM = 16000  # aioquic writes frame lengths in 2 bytes: larger datagrams break
+# Linux <netinet/in.h>, <linux/in6.h>: Python's socket module lacks most of them
+_IP_MTU_DISCOVER, _IP_MTU, _IPV6_MTU_DISCOVER, _IPV6_MTU = 10, 14, 23, 24
+_PMTUDISC_PROBE = 3  # set DF, never fragment, ignore the kernel's path-MTU cache
 
 
 class DialError(Exception):
@@ -50,12 +58,45 @@ class TransportConfig:
     idle_timeout: float = 30.0
     keepalive_interval: float = 10.0
     handshake_timeout: float = 10.0
-    max_datagram_size: int = 1200  # paths we cannot prove take larger packets
-    loopback_datagram_size: int = 16000  # aioquic's frame encoding tops out near 16 KiB
+    max_datagram_size: int = 1200  # every path starts here (QUIC's minimum)
+    loopback_datagram_size: int = 16000  # fixed on loopback (0: probe loopback like any path)
+    pmtud: bool = True  # probe each direct path for larger datagrams (docs/transport.md)
+    pmtud_max_datagram_size: int = AIOQUIC_MAX_DATAGRAM  # the largest probed; at most 16000
     stream_window: int = 4 << 20
     connection_window: int = 16 << 20
     max_connections: int = 256
     close_idle_after: float = 120.0  # close a connection without streams this long (0: never)
+
+
+def _never_fragment(sock: socket.socket) -> None:
+    """Linux: set DF on every datagram and never fragment (IP_PMTUDISC_PROBE), so a
+    datagram too large for the path is dropped on the way (or refused here with
+    EMSGSIZE if the local link is too small): what path MTU probes need."""
+    if sys.platform != "linux":
+        return
+    options = [(socket.IPPROTO_IP, _IP_MTU_DISCOVER)]
+    if sock.family == socket.AF_INET6:  # a dual-stack socket sends IPv4 too
+        options.append((socket.IPPROTO_IPV6, _IPV6_MTU_DISCOVER))
+    for level, option in options:
+        try:
+            sock.setsockopt(level, option, _PMTUDISC_PROBE)
+        except OSError as exc:
+            log.debug("cannot set the no-fragment option %s/%s: %s", level, option, exc)
+
+
+def _route_mtu(addr: tuple) -> int | None:
+    """The MTU of the local route to ``addr`` (Linux IP_MTU on a connected socket), or None."""
+    if sys.platform != "linux":
+        return None
+    v6 = ":" in addr[0]
+    try:
+        with socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect(addr)
+            if v6:
+                return sock.getsockopt(socket.IPPROTO_IPV6, _IPV6_MTU)
+            return sock.getsockopt(socket.IPPROTO_IP, _IP_MTU)
+    except OSError:
+        return None
 
 
 def _is_loopback(host: str) -> bool:
@@ -111,6 +152,7 @@ class Endpoint:
                     sock.setsockopt(socket.SOL_SOCKET, forced, _SOCKET_BUFFER)  # *BUFFORCE, as root
                 except OSError:
                     sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
+            _never_fragment(sock)
             sock.setblocking(False)
             sock.bind((host, port))
             self._sock = sock
@@ -133,20 +175,29 @@ class Endpoint:
     def family(self) -> int:
         return self._sock.family
 
-    def send_datagram(self, data: bytes, addr: tuple) -> None:
-        """Send one datagram now; a full socket buffer drops it (QUIC resends)."""
+    def send_datagram(self, data: bytes, addr: tuple) -> bool:
+        """Send one datagram now; a full socket buffer drops it (QUIC resends).
+
+        Returns False only if the socket refused it as larger than the local
+        link can send (EMSGSIZE: the socket never fragments); a path-MTU probe
+        that gets this has failed.
+        """
         if addr[0] == VIRTUAL_HOST:
             send = self._paths.get(addr)
             if send is not None:
                 send(data)
-            return
+            return True
         try:
             self._sock.sendto(data, addr)
         except BlockingIOError:
             self.stats["send_dropped"] += 1
         except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:
+                self.stats["send_too_big"] += 1
+                return False
             self.stats["send_errors"] += 1
             log.debug("sendto %s failed: %s", addr, exc)
+        return True
 
     async def _receive_loop(self) -> None:
         sock = self._sock
@@ -196,9 +247,29 @@ class Endpoint:
 
     # --- connections -----------------------------------------------------------
 
-    def _new_quic(self, is_client: bool, host: str, **kwargs) -> MeshQuicConnection:
-        """A QUIC state machine for a path to ``host`` (big datagrams on loopback)."""
-        return MeshQuicConnection(configuration=self._quic_config(is_client, _is_loopback(host)), **kwargs)
+    def _new_quic(self, is_client: bool, addr: tuple, **kwargs) -> MeshQuicConnection:
+        """A QUIC state machine for a path to ``addr`` (big datagrams on loopback)."""
+        return MeshQuicConnection(configuration=self._quic_config(is_client, self._fixed_size(addr)), **kwargs)
+
+    def _fixed_size(self, addr: tuple) -> bool:
+        """Whether ``addr`` is a loopback path with its own fixed datagram size."""
+        return bool(self.config.loopback_datagram_size) and _is_loopback(addr[0])
+
+    def _path_limit(self, addr: tuple) -> tuple[int, int]:
+        """(the largest datagram worth probing towards ``addr``, its IP+UDP header bytes).
+
+        The limit is the local route's MTU (the interface's, or what the
+        kernel learned of the path) less the headers, at most
+        ``pmtud_max_datagram_size`` and aioquic's 16,000.
+        """
+        ip = ipaddress.ip_address(addr[0].split("%")[0])
+        v4 = ip.ipv4_mapped if ip.version == 6 else ip
+        overhead = UDP_IPV4_OVERHEAD if v4 is not None else UDP_IPV6_OVERHEAD
+        limit = min(self.config.pmtud_max_datagram_size, AIOQUIC_MAX_DATAGRAM)
+        mtu = _route_mtu((str(v4), addr[1]) if v4 is not None else addr)
+        if mtu is not None:
+            limit = min(limit, mtu - overhead)
+        return limit, overhead
 
     def _quic_config(self, is_client: bool, loopback: bool) -> QuicConfiguration:
         cfg = self.config
@@ -224,6 +295,9 @@ class Endpoint:
         )
         if addr[0] == VIRTUAL_HOST:
             conn.path = addr[2]
+        elif cfg.pmtud and not self._fixed_size(addr):  # a direct path: search it for larger datagrams
+            max_size, overhead = self._path_limit(addr)
+            quic.enable_pmtud(max_size, ladder(overhead))
         self._cids[conn] = set()
         self.route_cid(quic.host_cid, conn)
         self._nursery.start_soon(self._run_connection, conn)
@@ -251,7 +325,7 @@ class Endpoint:
             return None
         if self._nursery is None:
             return None
-        quic = self._new_quic(False, addr[0], original_destination_connection_id=header.destination_cid)
+        quic = self._new_quic(False, addr, original_destination_connection_id=header.destination_cid)
         now = trio.current_time()
         quic.receive_datagram(data, addr, now)
         first_flight = quic.datagrams_to_send(now)
@@ -284,7 +358,7 @@ class Endpoint:
         """Connect over a resolved socket address or a virtual path (see ``attach_path``)."""
         if addr[0] != VIRTUAL_HOST:
             self._note_dial(expected_peer)
-        quic = self._new_quic(True, addr[0])
+        quic = self._new_quic(True, addr)
         conn = self._new_connection(quic, addr, dialed=True, expected_peer=expected_peer)
         quic.connect(addr, now=trio.current_time())
         conn.transmit()

@@ -225,3 +225,72 @@ async def test_a_sender_aioquic_reset_unseen_fails_as_an_aborted_stream(pair):
         await stream.send_all(b"more")
     await stream.close()  # closing an already stopped stream is quiet
     assert await unary_call(lambda: _ready(conn.open_stream()), "echo", 2, 5, MAX) == 2
+
+
+# --- path MTU discovery (meshd/transport/pmtu.py; docs/transport.md "Datagram size") ---
+
+PROBED = TransportConfig(loopback_datagram_size=0, pmtud_max_datagram_size=9000)  # loopback probed like any path
+
+
+async def probed_pair(nursery, config=PROBED):
+    a, b = await Side(nursery, config).start(), await Side(nursery, config).start()
+
+    async def sink(items, ctx):
+        total = 0
+        async for item in items:
+            total += len(item)
+        return total
+
+    a.server.register("sink", sink, kind="client_stream")
+    conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
+    return a, b, conn
+
+
+async def settled(side) -> None:
+    with trio.fail_after(5):
+        while not side.endpoint.stats["pmtu_searches_done"]:
+            await trio.sleep(0.01)
+
+
+async def test_path_mtu_discovery_raises_the_datagram_size_over_a_real_socket(nursery):
+    a, b, conn = await probed_pair(nursery)
+    await settled(b)
+    await settled(a)
+    assert conn.datagram_size == 9000 and a.connections[0].datagram_size == 9000
+    assert b.endpoint.stats["pmtu_probes"] == b.endpoint.stats["pmtu_raised"]  # none lost
+    chunks = (b"x" * (1 << 20) for _ in range(8))
+    assert await client_stream_call(lambda: _ready(conn.open_stream()), "sink", chunks, 30, MAX) == 8 << 20
+
+
+async def test_a_black_hole_on_the_path_drops_the_size_and_calls_go_on(nursery):
+    a, b, conn = await probed_pair(nursery)
+    await settled(b)
+    assert conn.datagram_size == 9000
+    for side in (a, b):  # from now on the path silently drops datagrams above 1300 bytes
+        real = side.endpoint.send_datagram
+        side.endpoint.send_datagram = lambda data, addr, real=real: len(data) > 1300 or real(data, addr)
+    chunks = (b"x" * (1 << 20) for _ in range(8))
+    with trio.fail_after(20):
+        got = await client_stream_call(lambda: _ready(conn.open_stream()), "sink", chunks, 20, MAX)
+    assert got == 8 << 20
+    assert b.endpoint.stats["pmtu_black_holes"] >= 1
+    with trio.fail_after(10):
+        while conn.quic.pmtu.state.value != "search_complete":
+            await trio.sleep(0.01)
+    assert 1200 < conn.datagram_size <= 1300
+
+
+async def test_with_pmtud_off_a_path_keeps_1200_byte_datagrams(nursery):
+    config = TransportConfig(loopback_datagram_size=0, pmtud=False)
+    a, b, conn = await probed_pair(nursery, config)
+    chunks = (b"x" * (1 << 20) for _ in range(2))
+    assert await client_stream_call(lambda: _ready(conn.open_stream()), "sink", chunks, 30, MAX) == 2 << 20
+    assert conn.datagram_size == 1200 and conn.quic.pmtu is None
+    assert b.endpoint.stats["pmtu_probes"] == 0
+
+
+async def test_loopback_keeps_its_fixed_datagram_size_and_is_not_probed(pair):
+    a, b = pair
+    conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
+    assert await unary_call(lambda: _ready(conn.open_stream()), "echo", 1, 5, MAX) == 1
+    assert conn.datagram_size == TransportConfig().loopback_datagram_size and conn.quic.pmtu is None

@@ -343,6 +343,25 @@ class Host:
         self.lab._daemons.append(daemon)
         return daemon.start(timeout) if start else daemon
 
+    def block_packet_too_big(self) -> None:
+        """Drop the ICMP "fragmentation needed" / ICMPv6 "packet too big" this namespace
+        sends (nftables, ``table inet natlab_pmtu``): a router that does this makes a
+        path-MTU black hole, where a packet too large for a link just disappears."""
+        self.run(["nft", "-f", "-"], input="""
+table inet natlab_pmtu {
+    chain output {
+        type filter hook output priority filter; policy accept;
+        icmp type destination-unreachable icmp code frag-needed counter drop
+        icmpv6 type packet-too-big counter drop
+    }
+}
+""")
+
+    def link_mtu(self, device: str) -> int:
+        """The MTU of ``device`` in this namespace."""
+        out = self.run(["ip", "-j", "link", "show", "dev", device]).stdout
+        return int(json.loads(out)[0]["mtu"])
+
     # --- router views (for NAT hosts; on a router they read its own tables) ---
 
     def _router(self) -> "Host":
@@ -498,34 +517,49 @@ class NatLab:
         if name in self.hosts:
             raise NatLabError(f"host name {name!r} is already used in this lab")
 
-    def _attach_public(self, ns: str) -> str:
-        """Connect ``ns`` to the public segment (wan0); returns its public address."""
+    def _attach_public(self, ns: str, mtu: int | None = None) -> str:
+        """Connect ``ns`` to the public segment (wan0); returns its public address.
+
+        ``mtu`` sets wan0 and its bridge port (default: the kernel's 1500).
+        """
         if self._next_public > 250:
             raise NatLabError("the public segment is full")
         address = f"{PUBLIC_PREFIX}{self._next_public}"
         port = f"p{self._next_public}"
         self._next_public += 1
         _ip("-n", ns, "link", "add", "wan0", "type", "veth", "peer", "name", port, "netns", self.inet)
+        if mtu is not None:
+            _ip("-n", ns, "link", "set", "wan0", "mtu", str(mtu))
+            _ip("-n", self.inet, "link", "set", port, "mtu", str(mtu))
         _ip("-n", self.inet, "link", "set", port, "master", "br0", "up")
         _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "wan0")
         _ip("-n", ns, "link", "set", "wan0", "up")
         return address
 
-    def public_host(self, name: str) -> Host:
-        """A namespace on the public segment with one address in 198.51.100.0/24 (no NAT)."""
+    def public_host(self, name: str, *, mtu: int | None = None) -> Host:
+        """A namespace on the public segment with one address in 198.51.100.0/24 (no NAT).
+
+        ``mtu``: of its link to the segment (both ends of the veth); the
+        bridge drops frames too large for the port they leave by, without ICMP.
+        """
         self._check_name(name)
         ns = self._add_namespace(name)
-        address = self._attach_public(ns)
+        address = self._attach_public(ns, mtu)
         host = Host(self, name, ns, "public", address, address)
         self.hosts[name] = host
         return host
 
-    def nat_host(self, name: str, kind: str = "home", *, wan_policy: str = "drop") -> Host:
+    def nat_host(self, name: str, kind: str = "home", *, wan_policy: str = "drop",
+                 mtu: int | None = None, wan_mtu: int | None = None) -> Host:
         """A host 10.K.0.2 behind its own NAT router of ``kind`` ("home" or "symmetric").
 
         The router ``host.router`` has wan0 on the public segment and lan0
         10.K.0.1/24; ip_forward is on in the router namespace only.
         ``wan_policy="accept"`` leaves out the drop policies (see the module doc).
+        ``mtu`` is the LAN link's (eth0 and lan0), ``wan_mtu`` the router's
+        link to the public segment (default: the kernel's 1500 for both); a
+        router forwarding a packet larger than ``wan_mtu`` with DF set drops it
+        and sends ICMP "fragmentation needed" (see ``Host.block_packet_too_big``).
         """
         if kind not in NAT_KINDS:
             raise NatLabError(f"NAT kind {kind!r}: choose one of {NAT_KINDS}")
@@ -538,9 +572,12 @@ class NatLab:
         self._next_lan += 1
         router_ns = self._add_namespace(f"{name}_rt")
         host_ns = self._add_namespace(name)
-        wan = self._attach_public(router_ns)
+        wan = self._attach_public(router_ns, wan_mtu)
         lan_gw, lan_host = f"10.{k}.0.1", f"10.{k}.0.2"
         _ip("-n", host_ns, "link", "add", "eth0", "type", "veth", "peer", "name", "lan0", "netns", router_ns)
+        if mtu is not None:
+            _ip("-n", host_ns, "link", "set", "eth0", "mtu", str(mtu))
+            _ip("-n", router_ns, "link", "set", "lan0", "mtu", str(mtu))
         _ip("-n", router_ns, "addr", "add", f"{lan_gw}/24", "dev", "lan0")
         _ip("-n", router_ns, "link", "set", "lan0", "up")
         _ip("-n", host_ns, "addr", "add", f"{lan_host}/24", "dev", "eth0")
