@@ -15,6 +15,10 @@ async def test_a_third_peer_dials_back_and_we_are_public(tmp_path):
         with trio.fail_after(30):
             assert await n.service("nat").autonat.check() == "public"
         assert n.service("nat").autonat.via == str(b.peer_id)
+        # the dial-back connection is a connection like any other: both ends keep it, so a
+        # call n makes to b on it right away is not cut off by a probe that is "done"
+        assert b.live(n.peer_id) is not None and n.live(b.peer_id) is not None
+        assert await n.rpc.call(b.peer_id, "ping", "after the dial-back") == "after the dial-back"
         assert n.service("nat").autonat.address == str(n.listen_address)
         status = n.service("nat").nat_status()
         assert status["reachability"] == "public"

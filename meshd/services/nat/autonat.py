@@ -6,7 +6,8 @@ connection to the address A sees N at.  N names the peers it sent to lately
 (``exclude``) and A skips them; B refuses if it is connected to N or
 exchanged packets with that address lately (a connection, or STUN).  So N's
 NAT holds no filter entry for B: the dial succeeds only if N is reachable by anyone.  A reports
-the outcome to N.
+the outcome to N.  B keeps the connection it opened (both nodes adopt it as
+their connection to each other); it closes when idle, like any other.
 
 Only the address A itself observed is dialed, never one N names, so the
 service cannot be used to aim traffic at third parties; each requester gets
@@ -149,7 +150,10 @@ class AutoNat:
         except DialError as exc:
             log.debug("autonat dial-back to %s failed: %s", hostport, exc)
             return {"reachable": False}
-        conn.close(reason="AutoNAT dial-back done")
+        # Kept, not closed: both nodes took it as their connection to each other, and
+        # closing it cut off calls the requester had just started on it.  It closes when
+        # idle, like any other.
+        log.debug("autonat dial-back to %s reached it (%s)", hostport, conn.peer_id)
         return {"reachable": True}
 
     def _talked_to_recently(self, address: tuple[str, int]) -> bool:
