@@ -72,11 +72,13 @@ def unpack(tensor: dict) -> list:
 
 async def cmd_ls(client: meshd.Client, args) -> object:
     rows = await client.experts_ls(args.find, all=args.all)
-    shown = [{**r, "servers": len(r.get("servers", [])), "queued": (r.get("load") or {}).get("queued"),
+    shown = [{**r, "servers": len(r.get("servers", [])), "stale": len(r.get("stale", [])) or "-",
+              "queued": (r.get("load") or {}).get("queued"),
               "calls": (r.get("load") or {}).get("calls"), "ms/batch": _ms((r.get("load") or {}).get("ms_per_batch"))}
              for r in rows]
     table = rows_table(f"{len(rows)} experts", shown,
-                       ["expert", "kind", "domain", "params", "model", "servers", "queued", "calls", "ms/batch", "error"])
+                       ["expert", "kind", "domain", "params", "model", "servers", "stale", "queued", "calls", "ms/batch",
+                        "error"])
     return rows, lambda: console().print(table)
 
 
