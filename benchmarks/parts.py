@@ -104,6 +104,38 @@ conn.sendall(total.to_bytes(8, "big"))
 """
 
 
+def tcp_send_seconds(addr: tuple[str, int], total: int) -> float:
+    """Seconds to send ``total`` bytes (16 MiB ``sendall`` from memory) to a receiver at
+    ``addr`` that answers with the 8-byte count it got, as ``_TCP_RECEIVER`` does."""
+    view = memoryview(os.urandom(16 << 20))
+    with socket.create_connection(addr, timeout=60) as sock:
+        started = time.perf_counter()
+        for sent in range(0, total, len(view)):
+            sock.sendall(view[:total - sent])
+        sock.shutdown(socket.SHUT_WR)
+        got = int.from_bytes(sock.recv(8), "big")
+        wall = time.perf_counter() - started
+    assert got == total, f"the receiver got {got} of {total} bytes"
+    return wall
+
+
+async def bulk_sink(items, ctx) -> int:
+    """A client-streaming RPC handler: the bytes it was sent."""
+    total = 0
+    async for item in items:
+        total += len(item)
+    return total
+
+
+def bulk_source(chunk_size: int):
+    """A server-streaming RPC handler sending ``nbytes`` (its argument) in chunks of ``chunk_size``."""
+    async def source(nbytes, ctx):
+        chunk = b"y" * chunk_size
+        for _ in range(nbytes // chunk_size):
+            yield chunk
+    return source
+
+
 def tcp_copy_seconds(total: int) -> float:
     """Seconds to send ``total`` bytes over loopback TCP to another process (16 MiB
     ``sendall`` from memory, ``recv_into`` a 4 MiB buffer there): the machine's
@@ -112,16 +144,7 @@ def tcp_copy_seconds(total: int) -> float:
         proc = subprocess.Popen([sys.executable, "-c", _TCP_RECEIVER, str(srv.fileno())], pass_fds=[srv.fileno()])
         addr = srv.getsockname()
     try:
-        view = memoryview(os.urandom(16 << 20))
-        with socket.create_connection(addr, timeout=60) as sock:
-            started = time.perf_counter()
-            for sent in range(0, total, len(view)):
-                sock.sendall(view[:total - sent])
-            sock.shutdown(socket.SHUT_WR)
-            got = int.from_bytes(sock.recv(8), "big")
-            wall = time.perf_counter() - started
-        assert got == total, f"the receiver got {got} of {total} bytes"
-        return wall
+        return tcp_send_seconds(addr, total)
     finally:
         proc.kill()
         proc.wait(10)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:1] = [str(REPO), str(REPO / "tests" / "support")]  # the repo first: benchmarks/nat.py shadows nat
+from benchmarks.parts import bulk_sink, bulk_source, tcp_send_seconds  # noqa: E402
 
 MiB = 1 << 20
 CHUNK = MiB
@@ -56,25 +57,14 @@ async def _serve(data_dir: str, port: int, pmtud: bool) -> None:
 
     async with meshd.open_node(data_dir, listen=f"0.0.0.0:{port}", config=_config(pmtud), services=[]) as node:
 
-        async def sink(items, ctx):
-            total = 0
-            async for item in items:
-                total += len(item)
-            return total
-
-        async def source(nbytes, ctx):
-            chunk = b"y" * CHUNK
-            for _ in range(nbytes // CHUNK):
-                yield chunk
-
         async def path_mtu(arg, ctx):
             """The datagram size this side sends the caller, and whether its search is done."""
             conn = node.live(ctx.peer)
             pmtu = conn.quic.pmtu
             return {"size": conn.datagram_size, "done": pmtu is None or pmtu.state.value == "search_complete"}
 
-        node.rpc.register("sink", sink, kind="client_stream")
-        node.rpc.register("source", source)
+        node.rpc.register("sink", bulk_sink, kind="client_stream")
+        node.rpc.register("source", bulk_source(CHUNK))
         async def cpu(arg, ctx):
             return [time.process_time(), _udp_drops()]
 
@@ -146,16 +136,7 @@ def _tcp_serve(port: int) -> None:
 
 
 def _tcp_client(host: str, port: int, nbytes: int) -> dict:
-    view = memoryview(os.urandom(16 * MiB))
-    with socket.create_connection((host, port), timeout=60) as sock:
-        started = time.perf_counter()
-        for sent in range(0, nbytes, len(view)):
-            sock.sendall(view[:nbytes - sent])
-        sock.shutdown(socket.SHUT_WR)
-        got = int.from_bytes(sock.recv(8), "big")
-        wall = time.perf_counter() - started
-    assert got == nbytes, f"the receiver got {got} of {nbytes} bytes"
-    return {"MBps": nbytes / wall / 1e6}
+    return {"MBps": nbytes / tcp_send_seconds((host, port), nbytes) / 1e6}
 
 
 # --- the driver -----------------------------------------------------------------------

@@ -28,6 +28,7 @@ import meshd  # noqa: E402
 
 sys.path.append(str(_HERE))
 import baselines  # noqa: E402
+from benchmarks.parts import bulk_sink, bulk_source  # noqa: E402
 
 CHUNK = 1 << 20
 PAYLOAD = b"x" * 128
@@ -42,20 +43,9 @@ async def _serve(data_dir: str) -> None:
         async def echo(arg, ctx):
             return arg
 
-        async def sink(items, ctx):
-            total = 0
-            async for item in items:
-                total += len(item)
-            return total
-
-        async def source(nbytes, ctx):
-            chunk = b"y" * CHUNK
-            for _ in range(nbytes // CHUNK):
-                yield chunk
-
         node.rpc.register("echo", echo)
-        node.rpc.register("sink", sink, kind="client_stream")
-        node.rpc.register("source", source)
+        node.rpc.register("sink", bulk_sink, kind="client_stream")
+        node.rpc.register("source", bulk_source(CHUNK))
         print(node.address, flush=True)
         await trio.sleep_forever()
 
