@@ -37,9 +37,11 @@ connections that idle, stall or break the protocol.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
+import math
 import os
 from collections import Counter
 from typing import AsyncIterator, Awaitable, Callable, Iterable, NamedTuple
@@ -124,10 +126,14 @@ class _Framer:
         self.aead.encrypt_into(self._nonce(), payload, header, out[4:])
         await self.stream.send_all(out)
 
-    async def receive(self, *, borrow: bool = False) -> bytes | memoryview | None:
+    async def receive(self, *, borrow: bool = False,
+                      into: Callable[[int], memoryview | None] | None = None) -> bytes | memoryview | None:
         """The next frame's payload (with ``borrow``, a view of a buffer the next
-        call reuses); None at a clean end of stream.  Raises LaneError for a
-        frame over the limit or one that does not open (tampered, replayed, reordered)."""
+        call reuses); None at a clean end of stream.  ``into(n)``, once the whole
+        frame is here, may give a writable view of exactly ``n`` bytes to open a
+        payload of ``n`` bytes into (then returned; None: as without it).  Raises
+        LaneError for a frame over the limit or one that does not open (tampered,
+        replayed, reordered; what was written to ``into``'s view is then garbage)."""
         head = await _fill(self.stream, self._room(4), eof_ok=True)
         if head is None:
             return None
@@ -137,11 +143,16 @@ class _Framer:
             raise LaneError(f"frame of {n} bytes")
         body = await _fill(self.stream, self._room(n))
         try:
-            if not borrow:
+            out = into(n - TAG) if into is not None and n > TAG else None
+            if out is not None:
+                if len(out) != n - TAG:
+                    raise ValueError(f"into gave {len(out)} bytes for {n - TAG}")
+            elif not borrow:
                 return self.aead.decrypt(self._nonce(), body, header)
-            if len(self.opened) < n - TAG:
-                self.opened = memoryview(bytearray(self.max_frame - TAG))
-            out = self.opened[:n - TAG]
+            else:
+                if len(self.opened) < n - TAG:
+                    self.opened = memoryview(bytearray(self.max_frame - TAG))
+                out = self.opened[:n - TAG]
             self.aead.decrypt_into(self._nonce(), body, header, out)
             return out
         except InvalidTag:
@@ -174,17 +185,22 @@ class LaneServer:
     """Serves ``get_chunk(id)`` to peers over TCP lanes.  ``get_chunk`` returns bytes or
     None, or an awaitable of either: a plain function runs on the trio thread, so one
     that reads disk should be async (e.g. ``trio.to_thread.run_sync`` inside).  Chunks
-    over ``max_chunk`` bytes are served as "not here"."""
+    over ``max_chunk`` bytes are served as "not here".  With ``read_ahead`` = n, a lane
+    gets up to n chunks ahead of the one it is sending (so reading one overlaps sealing
+    and sending the last); with 0, each is got only once the one before was sent (what
+    a ``get_chunk`` that counts what was sent, or returns views it may reuse, needs)."""
 
     def __init__(self, node, get_chunk: GetChunk, *, host: str | None = None, max_chunk: int = MAX_CHUNK,
                  token_ttl: float = 30.0, tokens_per_peer: int = 8, max_tokens: int = 1024,
                  conns_per_peer: int = 4, max_conns: int = 32, handshake_timeout: float = 5.0,
-                 idle_timeout: float = 60.0, clock: Callable[[], float] = trio.current_time):
+                 idle_timeout: float = 60.0, read_ahead: int = 0,
+                 clock: Callable[[], float] = trio.current_time):
         self.node, self.get_chunk, self.host = node, get_chunk, host
         self.max_chunk, self.token_ttl, self.clock = max_chunk, token_ttl, clock
         self.tokens_per_peer, self.max_tokens = tokens_per_peer, max_tokens
         self.conns_per_peer, self.max_conns = conns_per_peer, max_conns
         self.handshake_timeout, self.idle_timeout = handshake_timeout, idle_timeout
+        self.read_ahead = read_ahead
         self.port: int | None = None
         self._tokens: dict[bytes, _Token] = {}  # by token id
         self._peer_tokens: Counter[PeerId] = Counter()
@@ -272,28 +288,38 @@ class LaneServer:
             await trio.aclose_forcefully(stream)
 
     async def _serve(self, rx: _Framer, tx: _Framer) -> None:
-        """Read requests (up to 4 queued) while answering earlier ones.  Ends when the
-        client closes, or nothing was asked or sent for ``idle_timeout`` s."""
+        """Read requests (up to 4 queued) while answering earlier ones, getting up to
+        ``read_ahead`` chunks ahead of the one being sent.  Ends when the client closes,
+        or nothing was asked or sent for ``idle_timeout`` s."""
         send, queue = trio.open_memory_channel[list](4)
+        ready_send, ready = trio.open_memory_channel[tuple](math.inf)
+        unsent = trio.Semaphore(1 + self.read_ahead)  # chunks got and not yet sent, at most
         pending, last = 0, trio.current_time()
+
+        async def get() -> None:
+            async with ready_send:
+                async for ids in queue:
+                    for i, cid in enumerate(ids):
+                        await unsent.acquire()
+                        try:
+                            data = self.get_chunk(cid)
+                            if inspect.isawaitable(data):
+                                data = await data
+                        except Exception as exc:  # our store's trouble, not the peer's
+                            log.warning("get_chunk(%s) failed: %r", cid.hex()[:16], exc)
+                            data = None
+                        if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) > self.max_chunk:
+                            data = b""
+                        await ready_send.send((data, i == len(ids) - 1))
 
         async def answer() -> None:
             nonlocal pending, last
-            async for ids in queue:
-                for cid in ids:
-                    try:
-                        data = self.get_chunk(cid)
-                        if inspect.isawaitable(data):
-                            data = await data
-                    except Exception as exc:  # our store's trouble, not the peer's
-                        log.warning("get_chunk(%s) failed: %r", cid.hex()[:16], exc)
-                        data = None
-                    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) > self.max_chunk:
-                        data = b""
-                    with trio.fail_after(self.idle_timeout):  # a client that stops reading
-                        await tx.send(data)
-                    last = trio.current_time()
-                pending -= 1
+            async for data, last_of_request in ready:
+                with trio.fail_after(self.idle_timeout):  # a client that stops reading
+                    await tx.send(data)
+                unsent.release()
+                last = trio.current_time()
+                pending -= last_of_request
 
         async def watchdog() -> None:
             while pending or trio.current_time() < last + self.idle_timeout:
@@ -301,6 +327,7 @@ class LaneServer:
             nursery.cancel_scope.cancel()
 
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(get)
             nursery.start_soon(answer)
             nursery.start_soon(watchdog)
             while (payload := await rx.receive()) is not None:
@@ -319,12 +346,16 @@ class Lane:
         self.window, self.read_timeout = window, read_timeout
         self._busy = self._broken = False
 
-    async def fetch(self, ids: Iterable[bytes], *, borrow: bool = False
+    async def fetch(self, ids: Iterable[bytes], *, borrow: bool = False,
+                    into: Callable[[bytes, int], memoryview | None] | None = None,
                     ) -> AsyncIterator[tuple[bytes, bytes | memoryview | None]]:
         """Yield ``(id, bytes or None)`` for each of ``ids`` in order; None: the peer
         lacks it.  Bytes are NOT checked against the id: the caller hashes them.
         With ``borrow`` each chunk is a view that the next one overwrites (no
-        allocation per chunk: the caller copies what it keeps).
+        allocation per chunk: the caller copies what it keeps).  ``into(id, n)``
+        may give where to open a chunk of ``n`` bytes (a writable view of exactly
+        ``n`` bytes, e.g. its place in the tensor it belongs to: no allocation and
+        no copy; None: as without it); the chunk yielded is then that view.
         Requests go out ``window`` batches of 256 ahead, so the server never idles.
         Raises LaneError (the lane is then closed) if the lane breaks or a frame
         fails authentication: nothing unauthenticated is ever yielded.  Leaving
@@ -347,7 +378,8 @@ class Lane:
                     sent += 1
                 for cid in batch:
                     with trio.fail_after(self.read_timeout):
-                        data = await self._rx.receive(borrow=borrow)
+                        data = await self._rx.receive(
+                            borrow=borrow, into=None if into is None else functools.partial(into, cid))
                     if data is None:
                         raise LaneError("the peer closed the lane")
                     left -= 1

@@ -21,9 +21,13 @@ class ShardsMethods(ControlClient):
 
     def fetch_model(self, ref: str, out: str | Path | None = None) -> ResponseStream:
         """``async with client.fetch_model("run42/gpt@latest", "gpt.safetensors") as items``:
-        progress dicts (``total_bytes``, ``have_bytes``, ``providers``...) while
-        the daemon pulls, then ``{"done": True, id, ...}``; the file is written
-        at ``out`` if given.  ``ref`` is NAME, NAME@VERSION, NAME@latest or a hex id."""
+        progress dicts (``total_bytes``, ``have_bytes``: stored durably, ``fetched_bytes``,
+        ``providers``...) while the daemon pulls into its store, then ``{"done": True,
+        id, ...}``.  With ``out`` the daemon also writes the model there as a
+        ``.safetensors`` file as the chunks arrive (``out.part`` until whole; not fsynced:
+        the durable copy is the store's).  ``ref`` is NAME, NAME@VERSION, NAME@latest or a
+        hex id.  Tensors in a process of their own: ``node.service("shards").fetch(ref,
+        store=False)`` in that process."""
         arg = {"ref": ref, "out": None if out is None else str(Path(out).expanduser().resolve())}
         return self.stream("shards.fetch", arg)
 

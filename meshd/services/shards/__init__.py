@@ -21,6 +21,8 @@ from .format import (
     Layout,
     Manifest,
     ManifestError,
+    SafetensorsFile,
+    TensorBuffers,
     TensorEntry,
     chunk_ranges,
     chunks_changed,
@@ -37,7 +39,7 @@ from .format import (
 from .config import ShardsSection
 from .errors import FetchError
 from .service import Progress, Shards
-from .store import ChunkStore, StoreFull
+from .store import ChunkStore, ChunkWriter, StoreFull
 
 __all__ = [
     "CHUNK_SIZE",
@@ -47,15 +49,18 @@ __all__ = [
     "ChunkEntry",
     "ChunkError",
     "ChunkStore",
+    "ChunkWriter",
     "Encoder",
     "FetchError",
     "Layout",
     "Manifest",
     "ManifestError",
     "Progress",
+    "SafetensorsFile",
     "Shards",
     "ShardsSection",
     "StoreFull",
+    "TensorBuffers",
     "TensorEntry",
     "chunk_ranges",
     "chunks_changed",

@@ -13,7 +13,7 @@ from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound
 from ...rpc.args import field, optional
 from .errors import FetchError
-from .format import ManifestError, write_safetensors
+from .format import ManifestError
 from .store import StoreFull
 
 PROGRESS_EVERY = 0.25  # seconds between progress items of shards.fetch
@@ -53,6 +53,7 @@ def control_methods(shards) -> dict:
 
     async def fetch(arg, ctx):
         ref, out = _str(arg, "ref"), _str(arg, "out", required=False)
+        out = os.path.expanduser(out) if out else None  # written as the chunks arrive
         latest: list = []
         changed = trio.Event()
 
@@ -64,9 +65,11 @@ def control_methods(shards) -> dict:
         async with trio.open_nursery() as nursery:
             async def run() -> None:
                 try:
-                    result["manifest"] = await shards.pull(ref, on_progress=on_progress)
+                    result["manifest"] = await shards.pull(ref, on_progress=on_progress, out=out)
                 except (FetchError, ManifestError, StoreFull) as exc:
                     result["error"] = str(exc)
+                except OSError as exc:  # e.g. the file's folder does not exist, or the disk is full
+                    result["invalid"] = f"could not fetch {ref}{f' to {out}' if out else ''}: {exc}"
                 changed.set()
             nursery.start_soon(run)
             while not result:
@@ -77,10 +80,9 @@ def control_methods(shards) -> dict:
                     await trio.sleep(PROGRESS_EVERY)  # at most a few items per second
         if "error" in result:
             raise NotFound(result["error"])
+        if "invalid" in result:
+            raise InvalidArgument(result["invalid"])
         manifest = result["manifest"]
-        if out:
-            await trio.to_thread.run_sync(write_safetensors, manifest, shards.store.get,
-                                          os.path.expanduser(out))
         progress = shards.fetches[manifest.id]
         yield {"done": True, **_info(manifest), "out": out, "fetched_bytes": progress.fetched_bytes,
                "providers": progress.providers}

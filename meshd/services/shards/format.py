@@ -45,6 +45,8 @@ only when tensors are.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import math
 import os
@@ -414,43 +416,157 @@ def decode_tensors(manifest: Manifest, chunks: ChunkSource) -> dict[str, "torch.
     return out
 
 
-def write_safetensors(manifest: Manifest | Layout, chunks: ChunkSource, path: str | os.PathLike) -> None:
-    """Write the model to ``path`` as a ``.safetensors`` file, without torch.
+def _chunk_pieces(manifest: Manifest | Layout) -> dict[bytes, list[tuple[int, int, int, int]]]:
+    """Where each chunk's bytes go: by chunk id, ``(tensor index, offset in that tensor,
+    offset in the chunk, length)`` per piece, every place it appears (a chunk may pack
+    several small tensors, and the same bytes may appear twice)."""
+    places: dict[bytes, list[tuple[int, int, int, int]]] = {}
+    tensors, i, off = manifest.tensors, 0, 0  # tensor i, of which off bytes are placed
+    for chunk in manifest.chunks:
+        pieces, pos = places.setdefault(chunk.id, []), 0
+        while pos < chunk.length:
+            while off == tensors[i].length:
+                i, off = i + 1, 0
+            take = min(chunk.length - pos, tensors[i].length - off)
+            pieces.append((i, off, pos, take))
+            pos, off = pos + take, off + take
+    return places
 
-    A model published from a file comes back as that file, byte for byte: its
-    header verbatim, each tensor at its offset.  Otherwise the header is
-    :func:`_canonical_header`'s (``{"format": "pt"}`` metadata, tensors in
-    name order).  Chunks are verified as they are written, one at a time; the
-    file appears (atomically replacing ``path``) only once all of them were good.
+
+class TensorBuffers:
+    """A model's tensors, allocated empty and filled in place one verified chunk at a
+    time, in any order (what a fetch to memory assembles, with no second copy of the model).
+
+    Each tensor is a plain ``torch.empty`` CPU tensor of its own (aligned, resizable, as
+    ``load_state_dict`` expects), or, given ``into`` (a state_dict of exactly the model's
+    tensors, each contiguous, on the CPU, of its dtype and shape: a model's own
+    parameters, say), that tensor, overwritten in place.  :meth:`fill` copies a chunk's bytes to every place the
+    manifest puts them.  Calls for different chunks may run in different threads at
+    once: they write disjoint bytes.
     """
-    header, begins = _file_layout(manifest)
-    tensors, start = manifest.tensors, 8 + len(header)
-    in_order = all(b == t.offset for b, t in zip(begins, tensors))  # the file is the stream
-    part = f"{os.fspath(path)}.part"
-    fetch = _fetcher(chunks)
-    try:
-        with open(part, "wb") as f:
-            f.write(struct.pack("<Q", len(header)) + header)
-            f.truncate(start + manifest.total_size)
-            fd, stream_pos, i, off = f.fileno(), 0, 0, 0  # tensor i, of which off bytes are written
-            for entry in manifest.chunks:
-                data = memoryview(fetch(entry))
-                if in_order:
-                    _pwrite(fd, data, start + stream_pos)
+
+    def __init__(self, manifest: Manifest | Layout, into: Mapping[str, "torch.Tensor"] | None = None) -> None:
+        torch = _torch()
+        if into is not None and set(into) != {t.name for t in manifest.tensors}:
+            names = {t.name for t in manifest.tensors}
+            raise ValueError(f"into must hold exactly the model's tensors: missing {sorted(names - set(into))[:5]}, "
+                             f"unexpected {sorted(set(into) - names)[:5]}")
+        self.tensors: dict[str, "torch.Tensor"] = {}
+        views = []
+        for t in manifest.tensors:
+            dtype = getattr(torch, DTYPES[t.dtype][1])
+            if into is None:
+                tensor = torch.empty(t.shape, dtype=dtype)
+            else:
+                tensor = into[t.name]
+                if (tensor.dtype, tuple(tensor.shape), tensor.device.type) != (dtype, t.shape, "cpu") \
+                        or not tensor.is_contiguous():
+                    raise ValueError(f"into[{t.name!r}]: expected a contiguous CPU tensor of {dtype} and shape "
+                                     f"{t.shape}, not {tensor.dtype} {tuple(tensor.shape)} on {tensor.device}")
+            self.tensors[t.name] = tensor
+            views.append(_writable(tensor, t.length))
+        # chunk id -> (tensor's bytes, offset there, offset in the chunk, length) per piece
+        self._places = {cid: [(views[i], off, src, n) for i, off, src, n in pieces]
+                        for cid, pieces in _chunk_pieces(manifest).items()}
+
+    def fill(self, chunk_id: bytes, data: bytes | bytearray | memoryview) -> None:
+        """Copy chunk ``chunk_id`` (verified by the caller) wherever the manifest puts it."""
+        data = memoryview(data)
+        for view, dst, src, n in self._places[chunk_id]:
+            view[dst:dst + n] = data[src:src + n]
+
+    def place(self, chunk_id: bytes, length: int) -> memoryview | None:
+        """Where chunk ``chunk_id`` of ``length`` bytes can be written in one piece, so
+        that nothing is left to copy: its bytes in the one tensor it belongs to (a piece
+        of a large tensor).  None if it spans tensors, appears twice or is not ``length``
+        bytes long.  Bytes written there before the chunk is verified are garbage until
+        it is (or a later copy is) verified and written."""
+        pieces = self._places.get(chunk_id)
+        if not pieces or len(pieces) != 1 or pieces[0][3] != length:
+            return None
+        view, dst, _, n = pieces[0]
+        return view[dst:dst + n]
+
+
+def _writable(tensor: "torch.Tensor", length: int) -> memoryview:
+    """The bytes of a new contiguous CPU tensor, writable in place (no numpy needed); valid
+    while the tensor lives."""
+    if not length:
+        return memoryview(bytearray(0))
+    return memoryview((ctypes.c_char * length).from_address(tensor.data_ptr())).cast("B")
+
+
+class SafetensorsFile:
+    """A model's ``.safetensors`` file, written one verified chunk at a time in any order
+    (``path.part`` until :meth:`commit` renames it to ``path``; :meth:`abort`, or leaving
+    a ``with`` block by an exception, removes it).
+
+    A model published from a file comes back as that file, byte for byte: its header
+    verbatim, each tensor at its offset.  Otherwise the header is
+    :func:`_canonical_header`'s (``{"format": "pt"}`` metadata, tensors in name order).
+    :meth:`fill` writes a chunk wherever the file holds its bytes (``pwrite``: calls for
+    different chunks may run in different threads at once).  Written through the page
+    cache, not fsynced.
+    """
+
+    def __init__(self, manifest: Manifest | Layout, path: str | os.PathLike) -> None:
+        header, begins = _file_layout(manifest)
+        start = 8 + len(header)
+        self.path, self.part = os.fspath(path), f"{os.fspath(path)}.part"
+        # chunk id -> (offset in the file, offset in the chunk, length) per run of bytes
+        self._places: dict[bytes, list[tuple[int, int, int]]] = {}
+        for cid, pieces in _chunk_pieces(manifest).items():
+            runs = self._places[cid] = []
+            for i, off, src, n in pieces:
+                at = start + begins[i] + off
+                if runs and runs[-1][0] + runs[-1][2] == at and runs[-1][1] + runs[-1][2] == src:
+                    runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + n)  # where the file is the stream
                 else:
-                    pos = 0
-                    while pos < len(data):
-                        while off == tensors[i].length:
-                            i, off = i + 1, 0
-                        take = min(len(data) - pos, tensors[i].length - off)
-                        _pwrite(fd, data[pos:pos + take], start + begins[i] + off)
-                        pos, off = pos + take, off + take
-                stream_pos += len(data)
-        os.replace(part, path)
-    except BaseException:
-        if os.path.exists(part):
-            os.unlink(part)
-        raise
+                    runs.append((at, src, n))
+        self._file = open(self.part, "wb")
+        try:
+            self._file.write(struct.pack("<Q", len(header)) + header)
+            self._file.truncate(start + manifest.total_size)
+            self._file.flush()
+        except BaseException:
+            self.abort()
+            raise
+
+    def fill(self, chunk_id: bytes, data: bytes | bytearray | memoryview) -> None:
+        """Write chunk ``chunk_id`` (verified by the caller) wherever the file holds it."""
+        data, fd = memoryview(data), self._file.fileno()
+        for at, src, n in self._places[chunk_id]:
+            _pwrite(fd, data[src:src + n], at)
+
+    def commit(self) -> None:
+        """Close the file and give it its name (atomically replacing what was there)."""
+        self._file.close()
+        os.replace(self.part, self.path)
+
+    def abort(self) -> None:
+        self._file.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.part)
+
+    def __enter__(self) -> "SafetensorsFile":
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def write_safetensors(manifest: Manifest | Layout, chunks: ChunkSource, path: str | os.PathLike) -> None:
+    """Write the model to ``path`` as a ``.safetensors`` file, without torch (see
+    :class:`SafetensorsFile`).  Chunks are verified as they are written, one at a time;
+    the file appears (atomically replacing ``path``) only once all of them were good.
+    """
+    fetch = _fetcher(chunks)
+    with SafetensorsFile(manifest, path) as out:
+        for entry in {c.id: c for c in manifest.chunks}.values():
+            out.fill(entry.id, fetch(entry))
 
 
 def parse_header(raw: bytes) -> tuple[dict[str, str] | None, list[TensorEntry]]:

@@ -14,14 +14,21 @@ id asked for and carry a valid signature), then pull the chunks this node
 lacks from all providers at once.  Each provider works through a shared queue
 in batches sized by its measured throughput; a chunk that does not hash to
 its id gets its sender dropped and goes back to the queue, as do the chunks of
-a provider that fails.  Chunks are stored as they arrive, so a fetch that is
-killed resumes with what is missing.  Afterwards the node provides the model
-too.  Chunks travel over QUIC RPC (``shards.chunks``, a server stream).
+a provider that fails.  Chunks travel over the bulk lane where there is a
+direct path, else QUIC RPC (``shards.chunks``, a server stream).  A verified
+chunk goes where the caller wants it: into the store, by a writer thread that
+makes it durable with the rest of its group (up to 128 MiB, one round of
+fsyncs) before it counts as had, so a fetch that is killed resumes with what
+is missing (:meth:`Shards.pull`; afterwards the node provides the model too);
+into the tensors of the result, opened by the lane straight into their place
+(:meth:`Shards.fetch`, with ``store=False`` writing nothing at all); into a
+``.safetensors`` file (``pull(out=)``, ``meshctl shards fetch -o``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -43,9 +50,9 @@ from ...service import Documents, Host, Providers
 from .config import ShardsSection
 from .control import control_methods
 from .errors import FetchError
-from .format import (ChunkError, Layout, Manifest, ManifestError, decode_manifest, decode_tensors, open_encoder,
-                     sign_manifest)
-from .store import ChunkStore
+from .format import (ChunkError, Layout, Manifest, ManifestError, SafetensorsFile, TensorBuffers, decode_manifest,
+                     open_encoder, sign_manifest)
+from .store import ONCE, ChunkStore, ChunkWriter, chunk_id as hash_chunk
 
 LANE_METHOD = "shards.lane"  # issues this service's lane tokens
 
@@ -53,14 +60,18 @@ log = logging.getLogger("meshd.shards")
 
 PROVIDER_PREFIX = b"/shard/"
 MAX_IDS = 64  # chunk ids per shards.chunks request
-_FIRST_BATCH = 2  # chunks a provider is first given; then about a second's worth
+_FIRST_BATCH = 2  # chunks a provider is first given; then about _BATCH_SECONDS' worth
+_BATCH_SECONDS = 0.25  # of chunks at a provider's measured rate, per batch (at most MAX_IDS)
 _CALL_TIMEOUT = 120.0
 _PUBLISHING = "(publishing) "  # the name of a publish's own pin, until its manifest is kept
 
 
 @dataclass
 class Progress:
-    """How a fetch is going: bytes in and per-provider throughput."""
+    """How a fetch is going: ``have_bytes`` of ``total_bytes`` are had (stored durably; in a
+    fetch that stores nothing, landed in the result), ``fetched_bytes`` were received (a
+    chunk received twice in the end game counts twice, one that failed its check not at
+    all), and per provider: bytes, last batch rate, path, state."""
 
     model: str
     total_bytes: int
@@ -91,7 +102,8 @@ class Shards:
             if pin_name.startswith(_PUBLISHING):
                 self.store.unpin(model)
         self.fetches: dict[bytes, Progress] = {}
-        self._lane = LaneServer(host, self._read) if config.lane else None
+        # read_ahead: reading (and re-hashing) the next chunk overlaps sealing and sending this one
+        self._lane = LaneServer(host, self._read, read_ahead=1) if config.lane else None
 
     @property
     def host(self) -> Host:
@@ -129,7 +141,10 @@ class Shards:
                     await self._announce(manifest)
 
     async def _read(self, chunk_id: bytes) -> bytes | None:
-        return await trio.to_thread.run_sync(self.store.get, chunk_id)
+        """A chunk for a peer: re-hashed only the first time this store reads it (see
+        ``ChunkStore.get``): every fetcher verifies every chunk anyway, and drops a
+        provider that sends a bad one."""
+        return await trio.to_thread.run_sync(functools.partial(self.store.get, chunk_id, verify=ONCE))
 
     # --- manifests on disk ----------------------------------------------------------
 
@@ -247,32 +262,94 @@ class Shards:
 
     # --- fetch -------------------------------------------------------------------------
 
-    async def pull(self, ref: str, *, on_progress: Callable[[Progress], None] | None = None) -> Manifest:
-        """Make the model ``ref`` whole on this node (see :meth:`resolve`); returns its manifest."""
-        model_id = await self.resolve(ref)
-        manifest, providers = self.manifest(model_id), None
-        if manifest is None:
-            providers = await self._providers(model_id)
-            manifest = await self._fetch_manifest(model_id, providers)
-            # pinned from the start: a resumed fetch keeps what it got
-            await trio.to_thread.run_sync(self._keep, manifest)
-        sizes = {c.id: c.length for c in manifest.chunks}
-        missing = await trio.to_thread.run_sync(self.store.missing, list(sizes))
-        progress = self.fetches[model_id] = Progress(
-            model_id.hex(), manifest.total_size, manifest.total_size - sum(sizes[c] for c in missing))
-        if missing:
-            if providers is None:
-                providers = await self._providers(model_id)
-            await _Download(self, manifest, deque(missing), providers, progress, on_progress).run()
-            await self._announce(manifest)  # whole now: a provider too
-        if on_progress:
-            on_progress(progress)
+    async def pull(self, ref: str, *, on_progress: Callable[[Progress], None] | None = None,
+                   out: str | os.PathLike | None = None) -> Manifest:
+        """Make the model ``ref`` whole on this node (see :meth:`resolve`); returns its manifest.
+
+        Every chunk is verified and stored; a chunk counts as had (``have_bytes``, what
+        ``on_progress`` reports) once it is durable, so a pull that is killed resumes with
+        what is missing.  ``out``: also write the model there as a ``.safetensors`` file,
+        as the chunks arrive (see :class:`SafetensorsFile`; chunks this node had are read
+        from its store), named ``out`` once whole (``out.part`` until then).
+        """
+        manifest, _ = await self._get(ref, store=True, tensors=False, out=out, on_progress=on_progress)
         return manifest
 
-    async def fetch(self, ref: str) -> dict:
-        """The tensors of model ``ref``, ready for ``load_state_dict``, pulled first if needed."""
-        manifest = await self.pull(ref)
-        return await trio.to_thread.run_sync(decode_tensors, manifest, self.store.get)
+    async def fetch(self, ref: str, *, store: bool = True, into: Mapping | None = None,
+                    on_progress: Callable[[Progress], None] | None = None) -> dict:
+        """The tensors of model ``ref``, ready for ``load_state_dict``, every chunk verified.
+
+        The tensors are filled in place as chunks arrive (chunks this node has are read from
+        its store): memory holds the result plus a few chunks per provider.  With ``store``
+        (the default) the chunks are also stored, durably, and the model kept and provided,
+        as :meth:`pull` does.  With ``store=False`` nothing is written: no chunk, no
+        manifest, no pin (a training member that joins needs tensors, not a copy on disk);
+        such a fetch cannot resume, and the node does not become a provider.
+
+        ``into``: fill these tensors instead of new ones, and return that mapping (e.g.
+        ``model.state_dict()``: the model is loaded in place, with no second copy of it in
+        memory).  They must be exactly the model's, each contiguous, on the CPU, of its
+        dtype and shape, else ValueError before anything is fetched; if the fetch fails,
+        what they hold is undefined.
+        """
+        _, tensors = await self._get(ref, store=store, tensors=True if into is None else into, out=None,
+                                     on_progress=on_progress)
+        return tensors.tensors if into is None else into
+
+    async def _get(self, ref: str, *, store: bool, tensors: bool | Mapping, out: str | os.PathLike | None,
+                   on_progress: Callable[[Progress], None] | None) -> tuple[Manifest, TensorBuffers | None]:
+        """Pull ``ref``'s chunks into the store (``store``: those it lacks), a model's
+        tensors (``tensors``: new ones, or these) and/or a file (``out``); returns the
+        manifest and the tensors."""
+        model_id = await self.resolve(ref)
+        manifest, providers = self.manifest(model_id), None
+        kept = manifest is not None
+        if not kept:
+            providers = await self._providers(model_id)
+            manifest = await self._fetch_manifest(model_id, providers)
+        buffers = None
+        if tensors is not False:  # (checks what it is given to fill, before anything is kept)
+            buffers = await trio.to_thread.run_sync(TensorBuffers, manifest, None if tensors is True else tensors)
+        if store and not kept:  # pinned from the start: a resumed fetch keeps what it got
+            await trio.to_thread.run_sync(self._keep, manifest)
+        sizes = {c.id: c.length for c in manifest.chunks}
+        file = await trio.to_thread.run_sync(SafetensorsFile, manifest, out) if out is not None else None
+        sinks = [sink for sink in (buffers, file) if sink is not None]
+        try:
+            missing = await trio.to_thread.run_sync(self.store.missing, list(sizes))
+            if sinks:  # what we have is read from the store, verified
+                missing += await trio.to_thread.run_sync(self._read_into, sinks, set(sizes) - set(missing))
+            progress = self.fetches[model_id] = Progress(
+                model_id.hex(), manifest.total_size, manifest.total_size - sum(sizes[c] for c in missing))
+            if missing:
+                if providers is None:
+                    providers = await self._providers(model_id)
+                await _Download(self, manifest, deque(missing), providers, progress, on_progress,
+                                store=store, buffers=buffers, file=file).run()
+                if store:
+                    await self._announce(manifest)  # whole now: a provider too
+            if file is not None:
+                await trio.to_thread.run_sync(file.commit)
+        except BaseException:
+            if file is not None:
+                file.abort()
+            raise
+        if on_progress:
+            on_progress(progress)
+        return manifest, buffers
+
+    def _read_into(self, sinks: list, chunk_ids: set[bytes]) -> list[bytes]:
+        """Fill the sinks (tensors, a file) with these chunks from the store (each re-hashed);
+        returns those it no longer has (a damaged file is removed by get: fetch it instead)."""
+        lost = []
+        for chunk_id in chunk_ids:
+            data = self.store.get(chunk_id)
+            if data is None:
+                lost.append(chunk_id)
+            else:
+                for sink in sinks:
+                    sink.fill(chunk_id, data)
+        return lost
 
     async def _providers(self, model_id: bytes) -> list[PeerId]:
         try:
@@ -309,7 +386,7 @@ class Shards:
                 isinstance(i, bytes) and len(i) == 32 for i in ids):
             raise InvalidArgument(f"expected {{ids: 1 to {MAX_IDS} chunk ids}}")
         for chunk_id in ids:
-            yield await trio.to_thread.run_sync(self.store.get, chunk_id)  # None: not here
+            yield await self._read(chunk_id)  # None: not here
 
 
 def _registry_entry(entries: object, version: str) -> dict | None:
@@ -327,42 +404,81 @@ class _Download:
     """One fetch's chunks, pulled from several providers through a shared queue.
 
     Each provider's worker takes a batch from the queue, sized to about a
-    second at its measured rate.  Once the queue is empty, an idle worker asks
-    its provider for chunks still in flight at another (each chunk at most
-    twice), so a slow or stalled provider does not hold up the end; the fetch
-    ends, cancelling whatever is still in flight, once every chunk is stored.
+    quarter second at its measured rate (and to a fair share of what is left).
+    A chunk received is verified (blake3, in a worker thread, while the next
+    arrive) and *lands*: it is copied into the tensors being assembled
+    (``buffers``; a lane opens most chunks straight into their place, so there
+    is nothing to copy) and the file being written (``file``), and/or handed to
+    the store's :class:`ChunkWriter` (``store``), which makes it durable with the
+    others of its group and only then counts it as had (``have_bytes``,
+    progress).  Once the queue is empty, an idle worker asks its provider for
+    chunks still in flight at another (the last half of the most left, each
+    chunk at most twice), so a slow or stalled provider does not hold up the
+    end; once every chunk has landed the workers are cancelled, and the fetch
+    ends when the writer has made the last group durable.
     """
 
     def __init__(self, shards: Shards, manifest: Manifest, queue: deque, providers: list[PeerId],
-                 progress: Progress, on_progress) -> None:
+                 progress: Progress, on_progress, *, store: bool, buffers: TensorBuffers | None,
+                 file: SafetensorsFile | None) -> None:
         self.shards, self.manifest, self.queue = shards, manifest, queue
         self.providers, self.progress, self.on_progress = providers, progress, on_progress
+        self.store, self.buffers, self.file = store, buffers, file
         self.sizes = {c.id: c.length for c in manifest.chunks}
-        self.wanted = set(queue)  # not stored yet
+        self.wanted = set(queue)  # not landed yet
+        self.unsettled = set(queue)  # not durable (or, with no store, not landed) yet
+        self.claims: dict[bytes, PeerId] = {}  # whose copy of a wanted chunk is in its place or being verified
         self.active: dict[PeerId, list[bytes]] = {}  # the batch each worker is pulling
         self.doubled: set[bytes] = set()  # also asked of a second provider
+        self.workers = 0  # providers still taking batches
+        self.writer: ChunkWriter | None = None
+        self._durable: deque[list[bytes]] = deque()  # ids the writer made durable, for the trio thread
         self._event = trio.Event()  # set when a batch ends
         self._finished: trio.CancelScope | None = None
 
     async def run(self) -> None:
         if not self.providers:
             raise FetchError(f"nobody provides {self.manifest.id.hex()}")
-        async with trio.open_nursery() as nursery:
-            self._finished = nursery.cancel_scope
-            for peer in self.providers:
-                nursery.start_soon(self._worker, peer)
+        if self.store:
+            token = trio.lowlevel.current_trio_token()
+
+            def on_durable(ids: list[bytes]) -> None:  # in the writer's thread
+                self._durable.append(ids)
+                token.run_sync_soon(self._settle)
+            self.writer = self.shards.store.writer(on_durable=on_durable)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._finished = nursery.cancel_scope
+                for peer in self.providers:
+                    nursery.start_soon(self._worker, peer)
+        except BaseException:
+            await self._close_writer(check=False)  # what landed becomes durable all the same
+            raise
+        await self._close_writer(check=True)
         for stats in self.progress.providers.values():
             if stats["state"] == "fetching":  # cancelled once the others had finished
                 stats["state"] = "done" if stats["bytes"] else "not needed"
-        if self.wanted:
-            raise FetchError(f"{len(self.wanted)} chunks of {self.manifest.id.hex()} could not be fetched: "
+        if self.unsettled:
+            raise FetchError(f"{len(self.unsettled)} chunks of {self.manifest.id.hex()} could not be fetched: "
                              f"{self.progress.providers}")
+
+    async def _close_writer(self, *, check: bool) -> None:
+        """Wait (shielded) for the writer to make what landed durable, and count it."""
+        if self.writer is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(lambda: self.writer.close(check=check))
+            self._settle()
 
     def _changed(self) -> None:
         self._event.set()
         self._event = trio.Event()
 
     def _next_batch(self, size: int) -> list[bytes] | None:
+        """Up to ``size`` chunks from the queue, and no more than a fair share of what it
+        holds (so the last chunks are spread over the providers, not left in one large
+        batch); once it is empty, the end game: the last half of what the provider with
+        most left has not yet sent (what it would send last), each chunk at most twice."""
+        size = min(size, max(1, -(-len(self.queue) // max(1, self.workers))))
         batch = []
         while self.queue and len(batch) < size:
             chunk_id = self.queue.popleft()
@@ -370,12 +486,13 @@ class _Download:
                 batch.append(chunk_id)
         if batch:
             return batch
-        for other in self.active.values():  # the end game: help whoever is slower
-            spare = [c for c in other if c in self.wanted and c not in self.doubled][:size]
-            if spare:
-                self.doubled.update(spare)
-                return spare
-        return None
+        left = max(([c for c in other if c in self.wanted and c not in self.doubled and c not in self.claims]
+                    for other in self.active.values()), key=len, default=[])
+        if not left:
+            return None
+        spare = left[-max(1, min(size, len(left) // 2)):]
+        self.doubled.update(spare)
+        return spare
 
     async def _worker(self, peer: PeerId) -> None:
         """Take batches while chunks are wanted; a failure hands the batch back.
@@ -386,6 +503,7 @@ class _Download:
         lane = await open_lane(self.shards.host, peer, method=LANE_METHOD) if self.shards.lane_enabled else None
         stats["path"] = "lane" if lane else "quic"
         rate, batch_size = 0.0, _FIRST_BATCH
+        self.workers += 1
         try:
             while self.wanted:
                 batch = self._next_batch(batch_size)
@@ -395,7 +513,8 @@ class _Download:
                 started, got = time.monotonic(), 0
                 self.active[peer] = batch
                 try:
-                    got = await (self._pull_lane(lane, batch, stats) if lane else self._pull(peer, batch, stats))
+                    got = await (self._pull_lane(peer, lane, batch, stats) if lane
+                                 else self._pull(peer, batch, stats))
                 except LaneError as exc:
                     log.info("lane to %s failed (%s): QUIC from now on", peer.short(), exc)
                     lane, stats["path"] = None, "quic"
@@ -406,6 +525,8 @@ class _Download:
                     return
                 finally:
                     del self.active[peer]
+                    for chunk_id in [c for c, p in self.claims.items() if p == peer]:
+                        del self.claims[chunk_id]  # received, not verified: the place is free again
                     back = [c for c in batch[got:] if c in self.wanted]
                     self.doubled.difference_update(back)
                     self.queue.extend(back)  # what it did not deliver goes to the others
@@ -416,53 +537,82 @@ class _Download:
                 elapsed = max(time.monotonic() - started, 1e-3)
                 moved = sum(self.sizes[c] for c in batch[:got])
                 rate = moved / elapsed if rate == 0 else 0.5 * rate + 0.5 * moved / elapsed
-                batch_size = max(1, min(MAX_IDS, int(rate / (self.manifest.chunk_size or 1))))
+                batch_size = max(1, min(MAX_IDS, int(rate * _BATCH_SECONDS / (self.manifest.chunk_size or 1))))
                 stats["mb_s"] = round(rate / 1e6, 1)
             stats["state"] = "done"
         finally:
+            self.workers -= 1
             if lane is not None:
                 with trio.CancelScope(shield=True):
                     await lane.aclose()
 
-    @asynccontextmanager
-    async def _writing(self, stats: dict) -> AsyncIterator[tuple[trio.MemorySendChannel, list[int]]]:
-        """A channel of ``(chunk id, bytes)`` that a writer task verifies and stores in
-        order while the next chunks arrive; ``stored[0]`` counts those stored.
-        ChunkError (raised here) if one does not verify."""
-        send, receive = trio.open_memory_channel(2)
-        stored = [0]
+    def _place(self, peer: PeerId, chunk_id: bytes, length: int) -> memoryview | None:
+        """Where ``peer``'s lane may open this chunk: its place in the tensors, if it is
+        wanted and no other provider's copy is being received there (the place is then
+        claimed for ``peer``); else None (the lane makes a buffer of its own)."""
+        if self.buffers is None or chunk_id not in self.wanted or chunk_id in self.claims:
+            return None
+        place = self.buffers.place(chunk_id, length)
+        if place is not None:
+            self.claims[chunk_id] = peer
+        return place
 
-        async def writer() -> None:
+    @asynccontextmanager
+    async def _landing(self, peer: PeerId, stats: dict) -> AsyncIterator[tuple[trio.MemorySendChannel, list[int]]]:
+        """A channel of ``(chunk id, bytes)`` that a task verifies and lands in order while
+        the next chunks arrive; ``done[0]`` counts those handled (landed, or landed already
+        from another provider).  ChunkError (raised here) if one does not verify."""
+        send, receive = trio.open_memory_channel(2)
+        done = [0]
+
+        async def lander() -> None:
             async with receive:
                 async for chunk_id, data in receive:
-                    await trio.to_thread.run_sync(self.shards.store.put, chunk_id, data)
-                    stored[0] += 1
-                    stats["bytes"] += len(data)
-                    self._stored(chunk_id, len(data))
+                    placed = self.claims.get(chunk_id) == peer and chunk_id in self.wanted
+                    if placed or chunk_id in self.wanted and chunk_id not in self.claims:
+                        self.claims[chunk_id] = peer  # no other copy is landed meanwhile
+                        await trio.to_thread.run_sync(self._land, chunk_id, data, placed)
+                        self._landed(chunk_id)
+                    stats["bytes"] += len(data)  # verified, or a second copy (end game), dropped
+                    self.progress.fetched_bytes += len(data)
+                    done[0] += 1
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(writer)
+                nursery.start_soon(lander)
                 async with send:
-                    yield send, stored
+                    yield send, done
         except BaseExceptionGroup as group:  # one failure: the caller handles it by type
             while isinstance(group, BaseExceptionGroup):
                 group = group.exceptions[0]
             raise group from None
 
-    async def _pull_lane(self, lane: Lane, batch: list[bytes], stats: dict) -> int:
+    def _land(self, chunk_id: bytes, data: bytes | memoryview, placed: bool) -> None:
+        """In a worker thread: verify the chunk, then copy it into the tensors (unless it
+        was received in its place: ``placed``) and the file, and/or hand it to the store's
+        writer (which may wait for room in its window)."""
+        if len(data) != self.sizes[chunk_id] or hash_chunk(data) != chunk_id:
+            raise ChunkError(f"chunk {chunk_id.hex()[:16]}: the data does not hash to its id")
+        if self.buffers is not None and not placed:
+            self.buffers.fill(chunk_id, data)
+        if self.file is not None:
+            self.file.fill(chunk_id, data)
+        if self.writer is not None:
+            self.writer.put(chunk_id, data)
+
+    async def _pull_lane(self, peer: PeerId, lane: Lane, batch: list[bytes], stats: dict) -> int:
         """:meth:`_pull` over a bulk lane (which stops being usable after a chunk it lacks)."""
-        async with self._writing(stats) as (send, stored):
-            async for chunk_id, data in lane.fetch(batch):
+        async with self._landing(peer, stats) as (send, done):
+            async for chunk_id, data in lane.fetch(batch, into=functools.partial(self._place, peer)):
                 if data is None:
                     raise LaneError("the peer lacks a chunk")  # the lane is closed; QUIC takes over
                 await send.send((chunk_id, data))
-        return stored[0]
+        return done[0]
 
     async def _pull(self, peer: PeerId, batch: list[bytes], stats: dict) -> int:
-        """Stream ``batch`` from ``peer``, storing each verified chunk; returns how many
+        """Stream ``batch`` from ``peer``, landing each verified chunk; returns how many
         it sent before the first it lacks.  ChunkError if one does not verify."""
         rpc = self.shards.host.rpc
-        async with self._writing(stats) as (send, stored):
+        async with self._landing(peer, stats) as (send, done):
             async with rpc.stream(peer, "shards.chunks", {"model": self.manifest.id, "ids": batch},
                                   timeout=_CALL_TIMEOUT) as stream:
                 ids = iter(batch)
@@ -473,14 +623,25 @@ class _Download:
                     if chunk_id is None or not isinstance(data, bytes):
                         raise ChunkError("an item that is not a chunk asked for")
                     await send.send((chunk_id, data))
-        return stored[0]
+        return done[0]
 
-    def _stored(self, chunk_id: bytes, size: int) -> None:
-        self.progress.fetched_bytes += size
-        if chunk_id in self.wanted:
-            self.wanted.discard(chunk_id)
-            self.progress.have_bytes += size
-            if self.on_progress:
-                self.on_progress(self.progress)
-            if not self.wanted:
-                self._finished.cancel()  # slower copies still in flight are not needed
+    def _landed(self, chunk_id: bytes) -> None:
+        self.wanted.discard(chunk_id)
+        if self.writer is None:
+            self._settled([chunk_id])
+        if not self.wanted:
+            self._finished.cancel()  # slower copies still in flight are not needed
+
+    def _settle(self) -> None:
+        """In the trio thread: count what the writer has made durable."""
+        while self._durable:
+            self._settled(self._durable.popleft())
+
+    def _settled(self, chunk_ids: list[bytes]) -> None:
+        before = self.progress.have_bytes
+        for chunk_id in chunk_ids:
+            if chunk_id in self.unsettled:
+                self.unsettled.discard(chunk_id)
+                self.progress.have_bytes += self.sizes[chunk_id]
+        if self.on_progress and self.progress.have_bytes != before:
+            self.on_progress(self.progress)

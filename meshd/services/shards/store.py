@@ -20,25 +20,27 @@ gc, pending rows are settled against the disk: the temp file goes, and the chunk
 if its final file is there and hashes right, else forgotten.  So open costs nothing per
 chunk, and a crash anywhere leaves no partial chunk under a final name, no temp file after
 the next open, and no row for a chunk not on disk.  (A file deleted or damaged behind the
-store's back is noticed by get or ``missing(verify=True)``.)
+store's back is noticed by get or ``missing(verify=True)``; by ``get(verify=ONCE)``, what
+serves peers, only if this store has not hashed that file since it was opened.)
 
 Groups.  ``put_many`` does the same for many chunks at once: their rows go pending in one
 transaction, their files are written with writeback started at once (so the disk works
 while the next ones are written), then fsynced together from a few threads (so the file
 system commits them in few journal transactions), renamed, their folders fsynced, and their
-rows cleared in one transaction.  ``put_stream`` is what a publish uses: the caller's thread
-makes and hashes chunks while a writer thread writes them, at most ``STREAM_WINDOW`` bytes
-between the two (a chunk's memory is free once its file is written), and makes up to
-``STREAM_GROUP`` bytes of them durable at once.  So a model of any size is stored with
-bounded memory, hashing overlaps the disk, and a publish pays few rounds of fsyncs.  A group
-is written under the store's lock from its first file to its commit, so recovery (which
-gc runs too) and other puts never see one half done.
+rows cleared in one transaction.  A :class:`ChunkWriter` (``writer()``) is what a publish
+(``put_stream``) and a fetch use: the caller's threads hand it hashed chunks while its own
+writer thread writes them, at most ``STREAM_WINDOW`` bytes between the two (a chunk's memory
+is free once its file is written), and makes up to ``STREAM_GROUP`` bytes of them durable
+at once, then acknowledges them (``on_durable``).  So a model of any size is stored with
+bounded memory, hashing and receiving overlap the disk, and a publish or fetch pays few
+rounds of fsyncs.  A group is written under the store's lock from its first file to its
+commit, so recovery (which gc runs too) and other puts never see one half done.
 
 get keeps access times in memory; they reach the index at gc and close, so reads cost no
 fsync.  gc evicts least recently used unpinned chunks first.
 
 One process per ``root``.  Calls are serialized by a lock, so any thread may make one
-(``trio.to_thread.run_sync``; put_stream's writer): the connection is opened with
+(``trio.to_thread.run_sync``; a ChunkWriter's thread): the connection is opened with
 ``check_same_thread=False``.
 """
 
@@ -64,6 +66,7 @@ ID_LEN = 32
 STREAM_WINDOW = 32 << 20  # bytes of chunks put_stream holds between hashing and the disk
 STREAM_GROUP = 128 << 20  # bytes put_stream makes durable together (at most)
 FSYNC_THREADS = 4  # put_many syncs a batch's files in parallel
+ONCE = "once"  # get(verify=ONCE): re-hash a chunk's file the first time this store reads it
 
 _PINNED = "EXISTS (SELECT 1 FROM pin_chunks p WHERE p.chunk = chunks.id)"
 _SCHEMA = """
@@ -220,6 +223,7 @@ class ChunkStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._touched: dict[bytes, int] = {}  # access times not yet written to the index
+        self._known: set[bytes] = set()  # chunks whose files this store wrote or re-hashed (get ONCE)
         self._lock = threading.RLock()  # one caller at a time, from any thread
         self._fsyncs: ThreadPoolExecutor | None = None  # put_many's, made on first use
         self._recover()
@@ -298,6 +302,7 @@ class ChunkStore:
         for cid, _ in victims:
             self._path(cid).unlink(missing_ok=True)
             self._touched.pop(cid, None)
+            self._known.discard(cid)
         for folder in {self._path(cid).parent for cid, _ in victims}:
             _fsync_dir(folder)
         with self._tx() as db:
@@ -415,6 +420,7 @@ class ChunkStore:
         self._each(_fsync_dir, {tmp.parent for tmp in group.temps})
         with self._tx() as db:
             db.executemany("UPDATE chunks SET pending = 0 WHERE id = ?", [(cid,) for cid in group.ids])
+        self._known.update(group.ids)  # written from bytes hashed to these ids
         self._total += group.size
         group.clear()
 
@@ -430,44 +436,45 @@ class ChunkStore:
         """Hash and store every chunk ``chunks`` yields, in order; returns their ids.
 
         For a publish: the calling thread makes (by iterating) and hashes the chunks while
-        a writer thread writes them to temp files, batches of up to half the ``window``
-        (default ``STREAM_WINDOW``) at a time, and makes them durable together every
-        ``STREAM_GROUP`` bytes, or whenever it has caught up with the chunks made (so it
-        never holds the store's lock while waiting for them).  Hashing thus overlaps
-        writing, and a group costs one round of fsyncs.  Chunks waiting or being written
-        hold at most ``window`` bytes (or one chunk, if larger): memory stays bounded
-        whatever the model's size.  Each chunk's bytes must not change once yielded (a
-        new buffer per chunk).  ``pin`` as for put_many.  Raises what the iterator or a
-        put raised (the chunks stored by then stay, unpinned unless ``pin``).
+        a :meth:`writer` stores them, so hashing overlaps writing and a group of up to
+        ``STREAM_GROUP`` bytes costs one round of fsyncs.  Chunks waiting or being written
+        hold at most ``window`` bytes (default ``STREAM_WINDOW``; or one chunk, if larger):
+        memory stays bounded whatever the model's size.  Each chunk's bytes must not change
+        once yielded (a new buffer per chunk).  ``pin`` as for put_many.  Raises what the
+        iterator or a put raised (the chunks stored by then stay, unpinned unless ``pin``).
         """
-        window = STREAM_WINDOW if window is None else window
         ids: list[bytes] = []
-        pipe = _Pipe(window)
-        writer = threading.Thread(target=self._drain, args=(pipe, pin, window // 2),
-                                  name="chunk-store-writer", daemon=True)
-        writer.start()
+        writer = self.writer(pin=pin, window=window)
         try:
             for data in chunks:
                 cid = chunk_id(data)
                 ids.append(cid)
-                pipe.put(cid, data)
-        finally:
-            pipe.close()
-            writer.join()
-        if pipe.failure is not None:
-            raise pipe.failure
+                writer.put(cid, data)
+        except BaseException:
+            writer.close(check=False)  # what the writer raised, put raised
+            raise
+        writer.close()
         return ids
 
-    def _drain(self, pipe: _Pipe, pin: bytes | None, batch_bytes: int) -> None:
-        """The writer of :meth:`put_stream`: stage what the pipe holds, a group at a time,
-        until it is closed."""
+    def writer(self, *, pin: bytes | None = None, window: int | None = None,
+               on_durable: Callable[[list[bytes]], None] | None = None) -> ChunkWriter:
+        """A :class:`ChunkWriter`: chunks handed to it from any thread are stored by a
+        writer thread of its own in groups made durable together (see there)."""
+        return ChunkWriter(self, pin=pin, window=STREAM_WINDOW if window is None else window,
+                           on_durable=on_durable)
+
+    def _drain(self, pipe: _Pipe, pin: bytes | None, batch_bytes: int,
+               on_durable: Callable[[list[bytes]], None] | None) -> None:
+        """The writer thread of a :class:`ChunkWriter`: stage what the pipe holds, a group
+        at a time, until it is closed; after each commit, tell ``on_durable`` its ids."""
         try:
             while batch := pipe.take(batch_bytes):
                 with self._lock:
-                    group, seen = _Group(), 0
+                    group, seen, ids = _Group(), 0, []
                     try:
                         while batch:
                             self._stage(group, batch, hashed=True, pin=pin)
+                            ids += [cid for cid, _ in batch]
                             size = sum(len(data) for _, data in batch)
                             pipe.done(size)  # written (to the page cache): its memory is free
                             seen += size
@@ -476,24 +483,33 @@ class ChunkStore:
                     except BaseException:
                         self._discard(group)
                         raise
+                if on_durable is not None:
+                    on_durable(ids)
         except BaseException as exc:
             pipe.fail(exc)
 
-    def _load(self, cid: bytes, verify: bool) -> bytes | None:
+    def _load(self, cid: bytes, verify: bool | str) -> bytes | None:
         size = self.size_of(cid)
         if size is None:
             return None
         data = _read(self._path(cid))
+        if verify == ONCE:
+            verify = cid not in self._known
         if data is None or len(data) != size or (verify and chunk_id(data) != cid):
             self._remove([(cid, size)])
             return None
+        if verify:
+            self._known.add(cid)
         return data
 
     @_locked
-    def get(self, cid: bytes, *, verify: bool = True) -> bytes | None:
+    def get(self, cid: bytes, *, verify: bool | str = True) -> bytes | None:
         """The chunk's bytes, or None if we lack it.
 
-        With ``verify`` (the default) the bytes are re-hashed.  A chunk whose file is
+        With ``verify`` (the default) the bytes are re-hashed; with ``verify=ONCE`` only
+        if this store has not yet hashed this chunk's file since it was opened (it wrote
+        it from bytes hashed to its id, or read and re-hashed it): what serving peers
+        uses, since every fetcher hashes every chunk anyway.  A chunk whose file is found
         corrupted (or gone, or of the wrong size) is deleted and missing from then on.
         """
         data = self._load(cid, verify)
@@ -595,3 +611,48 @@ class ChunkStore:
             total -= size
         rows.close()
         return len(victims), (self._remove(victims) if victims else 0)
+
+
+class ChunkWriter:
+    """Chunks handed over (:meth:`put`, from any thread) and stored by a writer thread:
+    what a publish (:meth:`ChunkStore.put_stream`) and a fetch use.
+
+    The writer stages what was handed over, batches of up to half the ``window`` at a
+    time (temp files under pending rows, writeback started, as put_many does), and makes
+    them durable together every ``STREAM_GROUP`` bytes, or whenever it has caught up with
+    what was handed over (so it never holds the store's lock while waiting for more): a
+    group costs one round of fsyncs.  Then it calls ``on_durable`` (in its thread) with
+    the group's ids, each of them now stored and durable (a chunk that was here already
+    included): that is when a chunk is *acknowledged*, never before.  Chunks handed over
+    and not yet written hold at most ``window`` bytes (or one chunk, if larger).
+
+    The caller hashed each chunk (it is stored under the id given, unchecked: verify
+    first).  Its bytes must not change once handed over.
+    """
+
+    def __init__(self, store: ChunkStore, *, pin: bytes | None, window: int,
+                 on_durable: Callable[[list[bytes]], None] | None) -> None:
+        self._pipe = _Pipe(window)
+        self._thread = threading.Thread(target=store._drain, args=(self._pipe, pin, window // 2, on_durable),
+                                        name="chunk-store-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, cid: bytes, data: bytes | bytearray) -> None:
+        """Hand over chunk ``cid`` (hashed by the caller), once the window has room for it
+        (this blocks until then).  Raises what made the writer fail, if it did."""
+        self._pipe.put(cid, data)
+
+    def close(self, *, check: bool = True) -> None:
+        """Wait until everything handed over is durable (and acknowledged), then end the
+        writer; with ``check``, raises what made it fail (the chunks acknowledged by then
+        stay)."""
+        self._pipe.close()
+        self._thread.join()
+        if check and self._pipe.failure is not None:
+            raise self._pipe.failure
+
+    def __enter__(self) -> ChunkWriter:
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        self.close(check=kind is None)

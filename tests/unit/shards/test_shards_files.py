@@ -119,6 +119,20 @@ def test_a_hand_made_file_comes_back_byte_for_byte(tmp_path, case):
         for c in manifest.chunks)
 
 
+@pytest.mark.parametrize("case", HAND_MADE)
+def test_a_file_written_as_chunks_arrive_in_any_order_comes_back_byte_for_byte(tmp_path, case):
+    """What a fetch with an output file does: each chunk is written where the file holds its
+    bytes when it lands, in whatever order (here: last first, 8-byte chunks spanning tensors)."""
+    source, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    original = hand_made(source, **HAND_MADE[case])
+    layout, chunks = encode_tensors(source, chunk_size=8)
+    manifest = decode_manifest(sign_manifest(layout, "file", 1, sign=KEY.sign, public_key=PUB).encode())
+    with fmt.SafetensorsFile(manifest, out) as file:
+        for cid, data in reversed(list(zip((c.id for c in manifest.chunks), chunks))):
+            file.fill(cid, data)
+    assert out.read_bytes() == original
+
+
 @needs_torch
 @pytest.mark.parametrize("chunk_size", [64, 4 << 20])
 def test_a_file_saved_by_safetensors_comes_back_byte_for_byte(tmp_path, chunk_size):

@@ -190,6 +190,66 @@ def test_dtypes_empty_and_0d_tensors_survive_bit_exactly():
 
 
 @needs_torch
+def test_tensor_buffers_assemble_chunks_in_any_order_in_place():
+    """A fetch to memory fills the tensors chunk by chunk in whatever order they arrive:
+    packed small tensors, a large tensor's pieces (each written in its place), the same
+    chunk twice (two equal tensors), empty and 0-d tensors; the result is bit-exact."""
+    from meshd.services.shards.format import TensorBuffers
+    gen = torch.Generator().manual_seed(5)
+    big = torch.randn(40, generator=gen)  # 160 bytes: ten 16-byte pieces of its own
+    tensors = {"a.big": big, "b.twin": big.clone(), "c.small": torch.tensor([1, 2], dtype=torch.int16),
+               "d.mask": torch.tensor([True, False]), "e.empty": torch.zeros(0, 3), "f.scalar": torch.tensor(2.5),
+               "g.bf16": torch.randn(3, generator=gen).bfloat16()}
+    layout, chunks = encode_tensors(tensors, chunk_size=16)
+    by_id = dict(zip((c.id for c in layout.chunks), chunks))
+    assert len(by_id) < len(layout.chunks)  # the twin's pieces are the big tensor's
+    buffers = TensorBuffers(layout)
+    placed = 0
+    for cid in reversed(list(by_id)):
+        place = buffers.place(cid, len(by_id[cid]))
+        if place is None:
+            buffers.fill(cid, by_id[cid])
+        else:
+            place[:] = by_id[cid]
+            placed += 1
+    assert placed == 0  # every piece of the big tensor is also the twin's: none has one place
+    out = buffers.tensors
+    assert out.keys() == tensors.keys()
+    for name, t in tensors.items():
+        assert (out[name].dtype, out[name].shape) == (t.dtype, t.shape), name
+        assert torch.equal(_bits(out[name]), _bits(t)), name
+
+    layout, chunks = encode_tensors({"big": big, "s1": torch.tensor([7]), "s2": torch.tensor([8])}, chunk_size=16)
+    buffers = TensorBuffers(layout)
+    places = [buffers.place(c.id, c.length) for c in layout.chunks]
+    assert [p is not None for p in places] == [True] * 10 + [False]  # s1 and s2 share the last chunk
+    assert buffers.place(layout.chunks[0].id, 15) is None  # not the length the manifest says
+    for place, data in zip(places, chunks):
+        if place is not None:
+            place[:] = data
+    buffers.fill(layout.chunks[-1].id, chunks[-1])
+    out = buffers.tensors
+    assert torch.equal(out["big"], big) and (out["s1"].tolist(), out["s2"].tolist()) == ([7], [8])
+
+
+def test_a_file_written_chunk_by_chunk_in_any_order_is_write_safetensors_file(small, tmp_path):
+    from meshd.services.shards.format import SafetensorsFile
+    layout, chunks, manifest = small
+    by_id = dict(zip((c.id for c in layout.chunks), chunks))
+    write_safetensors(manifest, by_id, tmp_path / "whole.safetensors")
+    with SafetensorsFile(manifest, tmp_path / "pieces.safetensors") as out:
+        assert not (tmp_path / "pieces.safetensors").exists()  # .part until whole
+        for cid in reversed(list(by_id)):
+            out.fill(cid, by_id[cid])
+    assert (tmp_path / "pieces.safetensors").read_bytes() == (tmp_path / "whole.safetensors").read_bytes()
+    with pytest.raises(ChunkError):  # a bad chunk: no file, no part left
+        write_safetensors(manifest, {**by_id, layout.chunks[0].id: b"x" * layout.chunks[0].length},
+                          tmp_path / "bad.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pieces.safetensors", "small.safetensors",
+                                                         "whole.safetensors"]
+
+
+@needs_torch
 def test_empty_state_dict():
     layout, chunks = encode_tensors({})
     manifest = _sign(layout)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from meshd.services.shards.store import ChunkError, ChunkStore, StoreFull, chunk_id
+from meshd.services.shards import store as store_module
+from meshd.services.shards.store import ONCE, ChunkError, ChunkStore, StoreFull, chunk_id
 
 ROOT = Path(__file__).resolve().parents[3]
 FINAL = re.compile(r"[0-9a-f]{64}")
@@ -139,6 +140,41 @@ def test_put_stream_raises_what_failed_and_stops(root):
         assert len(list(made)) > 900  # the producer stopped soon after the writer failed
 
 
+def test_a_writer_acknowledges_chunks_once_durable_a_group_at_a_time(store, root, monkeypatch):
+    """What a fetch relies on: ``on_durable`` names chunks only once they are stored under
+    their final names and in the index (so a progress report never runs ahead of the
+    disk), every chunk handed over exactly once (one that was here already too), in
+    groups of at most STREAM_GROUP bytes, and all of them by the time close returns."""
+    monkeypatch.setattr(store_module, "STREAM_GROUP", 10_000)
+    chunks = [make(i, 3000) for i in range(20)]
+    store.put(*chunks[5])
+    acked, groups = [], []
+
+    def on_durable(ids):
+        assert store.missing(ids) == [] and all((root / c.hex()[:2] / c.hex()).exists() for c in ids)
+        assert sum(store.size_of(c) for c in ids) <= 10_000 + 3000 * 4  # a group stops once past it
+        acked.extend(ids)
+        groups.append(len(ids))
+
+    with store.writer(window=12_000, on_durable=on_durable) as writer:
+        for cid, data in chunks:
+            writer.put(cid, data)
+    assert sorted(acked) == sorted(cid for cid, _ in chunks) and len(groups) >= 20 * 3000 // (10_000 + 12_000)
+    assert store.total_bytes() == 20 * 3000
+
+
+def test_a_writer_that_failed_says_so(root):
+    with ChunkStore(root, max_bytes=5000) as store:
+        store.pin(M1, [], "fetching")
+        writer = store.writer(pin=M1, window=2000)
+        with pytest.raises(StoreFull):
+            for i in range(100):
+                writer.put(*make(i))
+        with pytest.raises(StoreFull):
+            writer.close()
+        assert store.total_bytes() == 5000  # what was made durable before stays
+
+
 def test_models_sharing_chunks(store):
     ids = [make(i) for i in range(6)]
     for cid, data in ids:
@@ -226,6 +262,32 @@ def test_corrupted_chunk_detected(store, root):
     assert store.put(a, da) is True and store.get(a) == da
 
 
+def test_serving_reads_rehash_a_chunk_once_per_store(root):
+    """get(verify=ONCE), what serves peers (who verify every chunk themselves): a chunk this
+    store wrote, or has re-hashed since it was opened, is not hashed again; after a reopen
+    each chunk's first read is, and a damaged one is deleted then."""
+    (a, da), (b, db) = make(1), make(2)
+
+    def damage(cid):
+        path = root / cid.hex()[:2] / cid.hex()
+        raw = bytearray(path.read_bytes())
+        raw[10] ^= 1
+        path.write_bytes(raw)
+
+    with ChunkStore(root, max_bytes=1 << 20) as store:
+        store.put(a, da)
+        store.put(b, db)
+        damage(a)
+        assert store.get(a, verify=ONCE) != da  # written here: sent as it is (the fetcher catches it)
+        assert store.get(a) is None and not store.has(a)  # a full check still does
+    with ChunkStore(root, max_bytes=1 << 20) as store:
+        assert store.get(b, verify=ONCE) == db  # first read since opening: re-hashed
+        damage(b)
+        assert store.get(b, verify=ONCE) != db  # known good since then: not re-hashed
+    with ChunkStore(root, max_bytes=1 << 20) as store:
+        assert store.get(b, verify=ONCE) is None and not store.has(b)  # first read again: caught
+
+
 def test_failed_write_leaves_nothing(store, root, monkeypatch):
     a, da = make(1)
 
@@ -292,20 +354,28 @@ if sys.argv[2] == "put":
         cid = chunk_id(data)
         store.put(cid, data)
         say(cid.hex())
-else:  # put_stream: groups of chunks, acknowledged when the call returns
+elif sys.argv[2] == "stream":  # put_stream: groups of chunks, acknowledged when the call returns
     for n in range(100000):
         chunks = [os.urandom(1 + (n * 7 + i) * 7919 % (512 * 1024)) for i in range(7)]
         for cid in store.put_stream(iter(chunks), window=1 << 20):
             say(cid.hex())
+else:  # a fetch's writer: chunks handed over one by one, acknowledged by on_durable, in groups
+    writer = store.writer(window=1 << 20, on_durable=lambda ids: [say(cid.hex()) for cid in ids])
+    for i in range(100000):
+        data = os.urandom(1 + i * 7919 % (512 * 1024))
+        writer.put(chunk_id(data), data)
 """
 
 
 @pytest.mark.parametrize("how, kill_at", [("put", "ack"), ("put", "@fsync-file"), ("put", "@replace"),
-                                          ("put", "@fsync-dir"), ("stream", "@fsync-file"), ("stream", "@replace")])
+                                          ("put", "@fsync-dir"), ("stream", "@fsync-file"), ("stream", "@replace"),
+                                          ("writer", "ack"), ("writer", "@fsync-file"), ("writer", "@replace"),
+                                          ("writer", "@fsync-dir")])
 def test_acknowledged_chunks_survive_sigkill(root, how, kill_at):
     """A writer is killed after 100 acknowledged chunks, at the next ``kill_at`` (right after
     an acknowledgement, or as it fsyncs a temp file, renames one, or fsyncs a folder); it
-    stores them one put at a time, or seven at a time with put_stream."""
+    stores them one put at a time, seven at a time with put_stream, or as a fetch does:
+    handed one by one to a ChunkWriter, which acknowledges them a group at a time."""
     child = subprocess.Popen([sys.executable, "-c", WRITER, str(root), how], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines, acks = [], 0
