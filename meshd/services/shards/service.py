@@ -389,6 +389,11 @@ class Shards:
             yield await self._read(chunk_id)  # None: not here
 
 
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    """The exceptions in ``group`` and the groups inside it, in order."""
+    return [leaf for e in group.exceptions for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
+
+
 def _registry_entry(entries: object, version: str) -> dict | None:
     """The registry's entry for ``version`` ("latest": the highest) of one name, or None."""
     if not isinstance(entries, dict):
@@ -520,7 +525,7 @@ class _Download:
                     lane, stats["path"] = None, "quic"
                     continue
                 except (RpcError, ChunkError, trio.BrokenResourceError) as exc:
-                    stats["state"] = f"dropped: {exc}"
+                    stats["state"] = f"dropped: {exc}" if str(exc) else f"dropped: {exc!r} {exc.__context__!r} {exc.__cause__!r}"
                     log.info("fetch of %s: dropped %s: %s", self.manifest.id.hex()[:16], peer.short(), exc)
                     return
                 finally:
@@ -581,10 +586,10 @@ class _Download:
                 nursery.start_soon(lander)
                 async with send:
                     yield send, done
-        except BaseExceptionGroup as group:  # one failure: the caller handles it by type
-            while isinstance(group, BaseExceptionGroup):
-                group = group.exceptions[0]
-            raise group from None
+        except BaseExceptionGroup as group:  # the caller handles one failure, by type: the cause
+            leaves = _leaves(group)  # (a lander's ChunkError also breaks the channel the receiver sends on)
+            raise next((e for e in leaves if not isinstance(e, (trio.BrokenResourceError, trio.Cancelled))),
+                       leaves[0]) from None
 
     def _land(self, chunk_id: bytes, data: bytes | memoryview, placed: bool) -> None:
         """In a worker thread: verify the chunk, then copy it into the tensors (unless it
