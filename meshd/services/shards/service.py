@@ -525,7 +525,9 @@ class _Download:
                     lane, stats["path"] = None, "quic"
                     continue
                 except (RpcError, ChunkError, trio.BrokenResourceError) as exc:
-                    stats["state"] = f"dropped: {exc}" if str(exc) else f"dropped: {exc!r} {exc.__context__!r} {exc.__cause__!r}"
+                    if self._finished.cancel_called and not isinstance(exc, ChunkError):
+                        return  # torn down because the fetch is over, not the provider's fault
+                    stats["state"] = f"dropped: {str(exc) or repr(exc)}"
                     log.info("fetch of %s: dropped %s: %s", self.manifest.id.hex()[:16], peer.short(), exc)
                     return
                 finally:
@@ -565,38 +567,45 @@ class _Download:
     @asynccontextmanager
     async def _landing(self, peer: PeerId, stats: dict) -> AsyncIterator[tuple[trio.MemorySendChannel, list[int]]]:
         """A channel of ``(chunk id, bytes)`` that a task verifies and lands in order while
-        the next chunks arrive; ``done[0]`` counts those handled (landed, or landed already
-        from another provider).  ChunkError (raised here) if one does not verify."""
+        the next chunks arrive; ``done[0]`` counts those handled (landed, or verified and
+        dropped: a second copy of one landed from another provider).  ChunkError (raised
+        here) if one does not verify, even a second copy: a provider sending bad bytes is
+        dropped whether or not they were still needed."""
         send, receive = trio.open_memory_channel(2)
         done = [0]
 
         async def lander() -> None:
-            async with receive:
-                async for chunk_id, data in receive:
+            with receive:  # closed at once on the way out: an async close's checkpoint could turn a
+                async for chunk_id, data in receive:  # ChunkError into the Cancelled it brings about
                     placed = self.claims.get(chunk_id) == peer and chunk_id in self.wanted
-                    if placed or chunk_id in self.wanted and chunk_id not in self.claims:
+                    land = placed or chunk_id in self.wanted and chunk_id not in self.claims
+                    if land:
                         self.claims[chunk_id] = peer  # no other copy is landed meanwhile
-                        await trio.to_thread.run_sync(self._land, chunk_id, data, placed)
+                    await trio.to_thread.run_sync(self._land, chunk_id, data, placed, land)
+                    if land:
                         self._landed(chunk_id)
-                    stats["bytes"] += len(data)  # verified, or a second copy (end game), dropped
+                    stats["bytes"] += len(data)
                     self.progress.fetched_bytes += len(data)
                     done[0] += 1
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lander)
-                async with send:
+                with send:
                     yield send, done
         except BaseExceptionGroup as group:  # the caller handles one failure, by type: the cause
-            leaves = _leaves(group)  # (a lander's ChunkError also breaks the channel the receiver sends on)
-            raise next((e for e in leaves if not isinstance(e, (trio.BrokenResourceError, trio.Cancelled))),
-                       leaves[0]) from None
+            leaves = _leaves(group)  # (a lander's failure, even a cancellation, breaks the channel sent on)
+            cause = next((e for e in leaves if not isinstance(e, (trio.BrokenResourceError, trio.Cancelled))),
+                         None) or next((e for e in leaves if isinstance(e, trio.Cancelled)), leaves[0])
+            raise cause from None
 
-    def _land(self, chunk_id: bytes, data: bytes | memoryview, placed: bool) -> None:
-        """In a worker thread: verify the chunk, then copy it into the tensors (unless it
-        was received in its place: ``placed``) and the file, and/or hand it to the store's
-        writer (which may wait for room in its window)."""
+    def _land(self, chunk_id: bytes, data: bytes | memoryview, placed: bool, land: bool = True) -> None:
+        """In a worker thread: verify the chunk, then (if ``land``) copy it into the tensors
+        (unless it was received in its place: ``placed``) and the file, and/or hand it to
+        the store's writer (which may wait for room in its window)."""
         if len(data) != self.sizes[chunk_id] or hash_chunk(data) != chunk_id:
             raise ChunkError(f"chunk {chunk_id.hex()[:16]}: the data does not hash to its id")
+        if not land:
+            return
         if self.buffers is not None and not placed:
             self.buffers.fill(chunk_id, data)
         if self.file is not None:
