@@ -15,6 +15,7 @@ from collections import Counter
 
 import msgpack
 import trio
+import trio.testing
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .ids import Contact
@@ -32,15 +33,36 @@ class SimNetwork:
         self.messages = 0
         self.calls: Counter[bytes] = Counter()  # messages sent to each node, dead or alive
         self.methods: Counter[str] = Counter()  # messages sent, by method
+        self.in_flight = 0  # calls sent and not answered yet (or hanging on a dead node)
+        self._landed = trio.Event()  # set, and replaced, whenever a call ends
 
     def endpoint(self, public_key: bytes) -> "SimEndpoint":
         """The :class:`~dht.network.Network` one node uses: calls carry its key as the sender."""
         return SimEndpoint(self, public_key)
 
+    async def settle(self) -> None:
+        """Return once every task is blocked and no call is in flight: what the nodes
+        sent, in the background too, has landed (with no dead nodes, which never answer)."""
+        while True:
+            landed = self._landed
+            await trio.testing.wait_all_tasks_blocked()
+            if not self.in_flight:
+                return
+            await landed.wait()
+
     async def deliver(self, sender: bytes, contact: Contact, method: str, msg: dict) -> dict:
         self.messages += 1
         self.calls[contact.public_key] += 1
         self.methods[method] += 1
+        self.in_flight += 1
+        try:
+            return await self._answer(sender, contact, method, msg)
+        finally:
+            self.in_flight -= 1
+            self._landed.set()
+            self._landed = trio.Event()
+
+    async def _answer(self, sender: bytes, contact: Contact, method: str, msg: dict) -> dict:
         request = msgpack.unpackb(msgpack.packb(msg))
         target = self.nodes.get(contact.public_key)
         if target is None or contact.public_key in self.dead or sender in self.dead:

@@ -356,8 +356,14 @@ async def test_an_hdee_prior_estimated_on_held_out_text_weighs_the_expert_that_f
 
 
 class SlowLM(TinyLM):
+    """Answers only once ``release`` is set (in the serving worker thread)."""
+
+    def __init__(self, seed: int):
+        super().__init__(seed)
+        self.release = threading.Event()
+
     def forward(self, ids):
-        time.sleep(3.0)  # in the serving worker thread
+        self.release.wait(30)
         return super().forward(ids)
 
 
@@ -365,12 +371,14 @@ async def test_an_expert_far_slower_than_the_others_is_dropped_from_the_mixture(
     async with AsyncExitStack() as stack:
         nodes = await open_nodes(stack, tmp_path, 3)
         await mx.serve(nodes[0], TinyLM(1), expert_id="fast", kind="lm")
-        await mx.serve(nodes[1], SlowLM(2), expert_id="slow", kind="lm")
+        slow = SlowLM(2)
+        stack.callback(slow.release.set)  # its worker thread ends before the nodes close
+        await mx.serve(nodes[1], slow, expert_id="slow", kind="lm")
         ens = mx.HDEEEnsemble(nodes[2], ["fast", "slow"])
         await mx.RemoteExpert(nodes[2], "slow").servers()  # found, so the wait below is the call's
         started = trio.current_time()
         scored = await ens.score(torch.tensor([1, 2, 3, 4]))
-        assert trio.current_time() - started < 2.5  # not the slow expert's 3 s, nor the 30 s call timeout
+        assert trio.current_time() - started < 2.5  # not until the slow one answers, nor the 30 s call timeout
         assert scored.answered == ["fast"] and "dropped as slow" in scored.dropped["slow"]
         assert ens.experts["slow"].stats.failures(nodes[1].peer_id) == 1  # backed off: the next step does not wait
 

@@ -72,7 +72,7 @@ async def test_10k_gets_survive_30_percent_dead(big, autojump_clock):
                 node.start(nursery)
             for key in keys:
                 assert await rng.choice(nodes).put(key, key + b"-value") == QUORUM
-            await trio.sleep(1)  # virtual time: the other replicas, stored in the background
+            await net.settle()  # the other replicas, stored in the background
             net.dead.update(n.public_key for n in rng.sample(nodes, 3000))
             alive = [n for n in nodes if n.public_key not in net.dead]
             got = 0
@@ -146,7 +146,7 @@ async def test_in_a_mesh_smaller_than_k_a_put_takes_one_round_trip_and_reaches_e
         started = trio.current_time()
         assert await nodes[0].put(b"/open/small", b"v") == QUORUM
         assert trio.current_time() - started == pytest.approx(2 * net.latency)  # no lookup first
-        await trio.sleep(1)  # virtual time: the rest, and the lookup, in the background
+        await net.settle()  # the rest, and the lookup, in the background
         assert all(n.records.get(b"/open/small", n.wall()) is not None for n in nodes)
         nursery.cancel_scope.cancel()
 
