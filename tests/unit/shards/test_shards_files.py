@@ -12,7 +12,6 @@ import struct
 
 import msgpack
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,15 +27,7 @@ from meshd.services.shards import (
 from meshd.services.shards import format as fmt
 from meshd.services.shards.format import parse_header
 
-try:
-    import torch
-except ImportError:  # torch is an optional extra
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
-
-KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
-PUB = KEY.public_key().public_bytes_raw()
+from shards_signing import KEY, PUB, needs_torch, torch
 
 
 def sha256(path) -> str:

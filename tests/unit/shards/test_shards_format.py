@@ -27,15 +27,7 @@ from meshd.services.shards import (
 )
 from meshd.services.shards.format import MAX_TOTAL_SIZE, _cut_lengths
 
-try:
-    import torch
-except ImportError:  # torch is an optional extra
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
-
-KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
-PUB = KEY.public_key().public_bytes_raw()
+from shards_signing import KEY, PUB, needs_torch, torch
 OTHER = Ed25519PrivateKey.from_private_bytes(bytes(32))
 
 
