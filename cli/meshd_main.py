@@ -12,6 +12,7 @@ import trio
 import meshd
 from meshd.config import CONFIG_FILE
 from meshd.daemon import Config
+from meshd.groups import leaves
 from meshd.identity import KEY_FILE, create_identity, load_identity
 
 from .common import data_dir_argument, fail
@@ -61,14 +62,8 @@ def cmd_start(args: argparse.Namespace) -> None:
 
 def _the_cause(group: BaseExceptionGroup) -> BaseException:
     """The one error (not counting the cancellations it caused) a failed start raised, or the group."""
-    leaves, todo = [], [group]
-    while todo:
-        exc = todo.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            todo.extend(exc.exceptions)
-        elif not isinstance(exc, trio.Cancelled):
-            leaves.append(exc)
-    return leaves[0] if len(leaves) == 1 else group
+    failures = [e for e in leaves(group) if not isinstance(e, trio.Cancelled)]
+    return failures[0] if len(failures) == 1 else group
 
 
 def _port_in_use(listen: object) -> RuntimeError:

@@ -43,6 +43,7 @@ from crdt.document import ANYONE
 from crdt.reconcile import ReconcileError
 from dht.network import DhtError
 
+from ...groups import leaves
 from ...identity import PeerId
 from ...lane import Lane, LaneError, LaneServer, open_lane
 from ...rpc import InvalidArgument, NotFound, RpcError
@@ -389,11 +390,6 @@ class Shards:
             yield await self._read(chunk_id)  # None: not here
 
 
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    """The exceptions in ``group`` and the groups inside it, in order."""
-    return [leaf for e in group.exceptions for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
-
-
 def _registry_entry(entries: object, version: str) -> dict | None:
     """The registry's entry for ``version`` ("latest": the highest) of one name, or None."""
     if not isinstance(entries, dict):
@@ -593,9 +589,9 @@ class _Download:
                 with send:
                     yield send, done
         except BaseExceptionGroup as group:  # the caller handles one failure, by type: the cause
-            leaves = _leaves(group)  # (a lander's failure, even a cancellation, breaks the channel sent on)
-            cause = next((e for e in leaves if not isinstance(e, (trio.BrokenResourceError, trio.Cancelled))),
-                         None) or next((e for e in leaves if isinstance(e, trio.Cancelled)), leaves[0])
+            failures = leaves(group)  # (a lander's failure, even a cancellation, breaks the channel sent on)
+            cause = next((e for e in failures if not isinstance(e, (trio.BrokenResourceError, trio.Cancelled))),
+                         None) or next((e for e in failures if isinstance(e, trio.Cancelled)), failures[0])
             raise cause from None
 
     def _land(self, chunk_id: bytes, data: bytes | memoryview, placed: bool, land: bool = True) -> None:
