@@ -39,7 +39,6 @@ from .rpc.args import field, peer_field
 from .rpc.peer import PeerRpc
 from .service import Lookup, Method, Route, Service
 from .transport import DialError, Endpoint, PeerConnection
-from .transport.connection import CLOSE_REPLACED
 from .transport.endpoint import VIRTUAL_HOST
 
 log = logging.getLogger("meshd.node")
@@ -199,7 +198,7 @@ class Node:
         """Close a replaced connection once its calls have finished (at most ``_RETIRE_GRACE`` s)."""
         with trio.move_on_after(_RETIRE_GRACE):
             await conn.wait_idle()
-        conn.close(CLOSE_REPLACED, "replaced by another connection to the same peer")
+        conn.close_replaced()
 
     def _pick(self, old: PeerConnection, new: PeerConnection) -> tuple[PeerConnection, PeerConnection]:
         """(keep, drop) for two connections to one peer, the same choice on both sides.

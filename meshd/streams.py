@@ -20,6 +20,15 @@ class StreamAborted(Exception):
     """The other side reset the stream, or the connection under it was lost."""
 
 
+class StreamRefused(StreamAborted):
+    """The peer closed the connection without having seen this stream.
+
+    Nothing the stream carried was acted on, so a caller may send the same
+    request again on another connection (HTTP/2's GOAWAY gives the same
+    promise for streams above its last stream id).
+    """
+
+
 class CallStream(Protocol):
     async def send_all(self, data: bytes, eof: bool = False) -> None:
         """Queue ``data``, waiting while the peer is not keeping up.

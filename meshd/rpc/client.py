@@ -20,7 +20,7 @@ import trio
 from ..streams import CallStream, StreamAborted
 from ..wire import FrameError
 from . import protocol as P
-from .errors import DeadlineExceeded, ProtocolViolation
+from .errors import DeadlineExceeded, ProtocolViolation, Unavailable
 from .channel import Channel
 from .framed import Framed, call_error
 
@@ -47,25 +47,38 @@ async def _read_reply(framed: Framed) -> object:
 async def unary_call(
     open_stream: OpenStream, method: str, arg: object, timeout: float | None, max_frame: int
 ) -> object:
-    """Send one request, return the one reply (or raise the typed RpcError)."""
+    """Send one request, return the one reply (or raise the typed RpcError).
+
+    A call the peer never saw (its connection was replaced first) is sent
+    once more, on whatever connection ``open_stream`` gives next.
+    """
     deadline = _deadline(timeout)
     with trio.move_on_at(deadline):
-        stream = await open_stream()
-        try:
-            framed = Framed(stream, max_frame)
-            await framed.write(
-                P.request_frame(method, _wire_timeout(deadline), P.UNARY, arg), eof=True
-            )
-            result = await _read_reply(framed)
-        except (StreamAborted, FrameError) as exc:
-            stream.abort()
-            raise call_error(exc) from None
-        except BaseException:
-            stream.abort()
-            raise
-        await stream.close()
-        return result
+        for again in (True, False):
+            try:
+                return await _unary_once(open_stream, method, arg, deadline, max_frame)
+            except Unavailable as exc:
+                if not (again and exc.unprocessed):
+                    raise
     raise DeadlineExceeded(f"{method} did not answer within {timeout} s")
+
+
+async def _unary_once(
+    open_stream: OpenStream, method: str, arg: object, deadline: float, max_frame: int
+) -> object:
+    stream = await open_stream()
+    try:
+        framed = Framed(stream, max_frame)
+        await framed.write(P.request_frame(method, _wire_timeout(deadline), P.UNARY, arg), eof=True)
+        result = await _read_reply(framed)
+    except (StreamAborted, FrameError) as exc:
+        stream.abort()
+        raise call_error(exc) from None
+    except BaseException:
+        stream.abort()
+        raise
+    await stream.close()
+    return result
 
 
 async def client_stream_call(
@@ -128,6 +141,7 @@ class ResponseStream:
         self._max_frame = max_frame
         self._framed: Framed | None = None
         self._done = False
+        self._resent = False
 
     def __aiter__(self) -> "ResponseStream":
         return self
@@ -151,6 +165,16 @@ class ResponseStream:
         raise DeadlineExceeded(f"{self._method} did not finish within {self._timeout} s")
 
     async def _next(self) -> object:
+        try:
+            return await self._next_once()
+        except Unavailable as exc:
+            if not exc.unprocessed or self._resent:
+                raise
+        self._resent = True  # the peer never saw the request: nothing came of it yet
+        self._framed = None
+        return await self._next_once()
+
+    async def _next_once(self) -> object:
         try:
             if self._framed is None:
                 stream = await self._open_stream()

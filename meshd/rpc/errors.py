@@ -60,9 +60,15 @@ class NotFound(RpcError):
 
 
 class Unavailable(RpcError):
-    """The peer could not be reached, or the connection was lost mid-call."""
+    """The peer could not be reached, or the connection was lost mid-call.
+
+    ``unprocessed`` is true when the peer closed the connection without having
+    seen the call (it had been replaced by another connection): sending the
+    call again is safe, and the RPC client does so once by itself.
+    """
 
     code = "UNAVAILABLE"
+    unprocessed = False
 
 
 class Internal(RpcError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..streams import CallStream, StreamAborted
+from ..streams import CallStream, StreamAborted, StreamRefused
 from ..wire import FrameDecoder, FrameError, FrameTooLarge, frame_parts
 from . import protocol as P
 from .errors import FrameTooLargeError, ProtocolViolation, Unavailable, error_from_wire
@@ -11,10 +11,17 @@ from .errors import FrameTooLargeError, ProtocolViolation, Unavailable, error_fr
 _SEPARATE_BODY = 64 << 10
 
 
+def connection_lost(exc: StreamAborted) -> Unavailable:
+    """Unavailable for a lost stream, marked ``unprocessed`` if the peer never saw it."""
+    error = Unavailable(f"connection lost during the call: {exc}")
+    error.unprocessed = isinstance(exc, StreamRefused)
+    return error
+
+
 def call_error(exc: StreamAborted | FrameError) -> Exception:
     """The RpcError a caller sees for a transport or framing failure."""
     if isinstance(exc, StreamAborted):
-        return Unavailable(f"connection lost during the call: {exc}")
+        return connection_lost(exc)
     if isinstance(exc, FrameTooLarge):
         return FrameTooLargeError(str(exc))
     return ProtocolViolation(f"bad reply from peer: {exc}")
@@ -58,7 +65,7 @@ class Framed:
         try:
             ok, frame = await self.read()
         except StreamAborted as exc:
-            raise Unavailable(f"connection lost during the call: {exc}") from None
+            raise connection_lost(exc) from None
         except FrameTooLarge as exc:
             raise FrameTooLargeError(str(exc)) from None
         except FrameError as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import re
 from collections import Counter
 from typing import Callable, Protocol
 
@@ -35,6 +36,8 @@ CLOSE_NORMAL = 0
 CLOSE_AUTH_FAILED = 0x101
 CLOSE_REFUSED = 0x102
 CLOSE_REPLACED = 0x103
+REPLACED_REASON = "replaced by another connection to the same peer"
+_LAST_STREAM = re.compile(r"\(last stream (-?\d+)\)$")
 _MIN_FLUSH_BATCH = 16  # writes; smaller bursts go out in one flush per scheduling round
 
 
@@ -168,10 +171,23 @@ class PeerConnection:
         self._fail_streams(f"connection closed: {self.close_reason}")
         self.transmit()
 
-    def _fail_streams(self, reason: str) -> None:
+    def close_replaced(self) -> None:
+        """Close because another connection to the peer replaces this one.
+
+        The reason names the last stream of the peer's that we accepted; the
+        peer's later streams were never seen here, so it fails them as
+        :class:`~meshd.streams.StreamRefused` and may send them again.
+        """
+        self.close(CLOSE_REPLACED, f"{REPLACED_REASON} (last stream {self._last_peer_stream})")
+
+    def _fail_streams(self, reason: str, refused_after: int | None = None) -> None:
+        """Fail every open stream; ours above ``refused_after`` as never seen by the peer."""
         streams, self._streams = self._streams, {}
+        ours = 0 if self.dialed else 1
         for stream in streams.values():
-            stream.peer_aborted(reason)
+            sid = stream.stream_id
+            refused = refused_after is not None and sid % 4 == ours and sid > refused_after
+            stream.peer_aborted(reason, refused=refused)
         self._blocked.clear()
         self._idle.unpark_all()
 
@@ -324,15 +340,20 @@ class PeerConnection:
             log.debug("datagram size to %s: %d -> %d (%s)", where, event.previous, event.size, event.reason)
 
     def _on_terminated(self, event: ev.ConnectionTerminated) -> None:
-        self._finish(event.reason_phrase or _close_reason(event.error_code, self.peer_id))
+        refused_after = None
+        if event.error_code == CLOSE_REPLACED:
+            match = _LAST_STREAM.search(event.reason_phrase)
+            refused_after = int(match.group(1)) if match else None
+        self._finish(event.reason_phrase or _close_reason(event.error_code, self.peer_id),
+                     refused_after)
 
-    def _finish(self, reason: str) -> None:
+    def _finish(self, reason: str, refused_after: int | None = None) -> None:
         """The connection is over: fail its streams and tell whoever waits."""
         if self.terminated.is_set():
             return
         if self.close_reason is None:
             self.close_reason = reason
-        self._fail_streams(f"connection lost: {self.close_reason}")
+        self._fail_streams(f"connection lost: {self.close_reason}", refused_after)
         self.terminated.set()
         self.established.set()  # wake anyone waiting for a handshake that will not come
         if self._timer_scope is not None:

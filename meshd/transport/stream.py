@@ -13,7 +13,7 @@ from typing import Protocol
 
 import trio
 
-from ..streams import StreamAborted
+from ..streams import StreamAborted, StreamRefused
 
 SEND_HIGH_WATER = 4 << 20  # with ACKs every 16 datagrams, 1 MiB left the sender idle
 
@@ -56,7 +56,7 @@ class QuicCallStream:
 
     __slots__ = (
         "_conn", "stream_id", "_recv", "_eof", "_aborted", "_send_stopped",
-        "_sent_eof", "_closed", "_waiters", "_watch",
+        "_sent_eof", "_closed", "_waiters", "_watch", "_refused",
     )
 
     def __init__(self, conn: StreamOwner, stream_id: int):
@@ -65,6 +65,7 @@ class QuicCallStream:
         self._recv: list[bytes] = []
         self._eof = False
         self._aborted: str | None = None
+        self._refused = False
         self._send_stopped = False
         self._sent_eof = False
         self._closed = False
@@ -78,7 +79,7 @@ class QuicCallStream:
         while not self._recv and not self._eof and self._aborted is None:
             await self._waiters.park()
         if self._aborted is not None:
-            raise StreamAborted(self._aborted)
+            raise self._abort_error()
         if not self._recv:
             return b""
         chunks = self._recv
@@ -131,9 +132,12 @@ class QuicCallStream:
 
     # --- driven by the owning connection ------------------------------------
 
+    def _abort_error(self) -> StreamAborted:
+        return (StreamRefused if self._refused else StreamAborted)(self._aborted)
+
     def _check_sendable(self) -> None:
         if self._aborted is not None:
-            raise StreamAborted(self._aborted)
+            raise self._abort_error()
         if self._stopped():
             raise StreamAborted("peer asked us to stop sending")
         if self._sent_eof:
@@ -156,10 +160,12 @@ class QuicCallStream:
         self._waiters.unpark_all()
         return discarded
 
-    def peer_aborted(self, reason: str) -> None:
-        """The peer reset the stream, or the connection died."""
+    def peer_aborted(self, reason: str, *, refused: bool = False) -> None:
+        """The peer reset the stream, or the connection died (``refused``: before
+        the peer saw the stream, see :class:`meshd.streams.StreamRefused`)."""
         if self._aborted is None:
             self._aborted = reason
+            self._refused = refused
         if self._watch is not None:
             self._watch.cancel()
         self._wake()

@@ -148,3 +148,54 @@ async def test_an_in_process_node_runs_only_the_services_it_picks(tmp_path):
         # Without the nat service there is no relay route to offer.
         with pytest.raises(meshd.ServiceOff, match="the nat service is off"):
             await a.connect_via(b.peer_id, b.peer_id)
+
+
+async def test_a_call_the_peer_never_saw_is_sent_again_when_its_connection_is_replaced(tmp_path):
+    """A node retiring a replaced connection names the last call it accepted on
+    it (like HTTP/2's GOAWAY): a later call on it is sent again, an earlier one
+    (maybe acted on) fails."""
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
+        calls, started = [], trio.Event()
+
+        async def note(arg, ctx):
+            calls.append(arg)
+            return arg
+
+        async def hold(arg, ctx):
+            calls.append(arg)
+            started.set()
+            await trio.sleep_forever()
+
+        a.rpc.register("note", note)
+        a.rpc.register("hold", hold)
+        with trio.fail_after(10):
+            await b.connect(a.address)
+
+            async def seen_call():
+                with pytest.raises(meshd.Unavailable, match="replaced") as info:
+                    await b.rpc.call(a.peer_id, "hold", "seen")
+                assert not info.value.unprocessed
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(seen_call)
+                await started.wait()
+                a.live(b.peer_id).close_replaced()
+            assert calls == ["seen"]
+
+            await b.connect(a.address)
+            conn_b = b.live(a.peer_id)
+            conn_b.transmit = lambda: None  # b's next packets are held back
+            async with trio.open_nursery() as nursery:
+                result = []
+
+                async def unseen_call():
+                    result.append(await b.rpc.call(a.peer_id, "note", "unseen"))
+
+                nursery.start_soon(unseen_call)
+                await trio.testing.wait_all_tasks_blocked()
+                assert conn_b.open_streams >= 1  # the call (and identify) wait in b's send buffer
+                a.live(b.peer_id).close_replaced()
+                del conn_b.transmit
+            assert result == ["unseen"] and calls == ["seen", "unseen"]
+            assert b.live(a.peer_id) is not conn_b
