@@ -8,7 +8,8 @@ meshd implements over its RPC layer and :mod:`dht.simnet` in memory.
 from .ids import Contact, ContactError, key_id, node_id
 from .network import DhtError, Network, RateLimited, Refused, Unreachable
 from .node import DhtConfig, DhtNode
-from .records import Record, RecordError, Validators, owned_key
+from .records import Record, RecordError, owned_key
+from .validators import Validators
 from .storage import Database, StoreFull
 
 __all__ = [

@@ -23,7 +23,8 @@ from .lookup import Lookup
 from .network import (ADD_PROVIDER, FIND_NODE, GET_PROVIDERS, GET_VALUE, PING, PUT_VALUE,
                       DhtError, Network, Refused, Unreachable)
 from .ratelimit import RateLimiter
-from .records import Record, RecordError, Validators, sign_record
+from .records import Record, RecordError, sign_record
+from .validators import Validators
 from .routing import RoutingTable
 from .server import DhtServer
 from .storage import Database, ProviderStore, RecordStore
@@ -480,7 +481,7 @@ class DhtNode:
         # Enough queries in the first round to reach the quorum in one round trip.
         lookup = await self._lookup(key_id(key), GET_VALUE, {"keys": [key]}, on_reply,
                                     alpha=max(self.config.alpha, self.config.get_quorum - count))
-        candidates = [r for _, r in found] + ([local] if local else [])
+        candidates = ([local] if local else []) + [r for _, r in found]  # ours first: ties go to it
         best = self.validators.best(candidates) if candidates else None
         return best, found, lookup
 

@@ -2,11 +2,13 @@
 
 A record is a value stored under a key, signed by its author's Ed25519 key.
 Keys are namespaced, ``b"/<namespace>/<rest>"``, and each namespace has a
-validator that decides which records it admits and which of two records for
-the same key wins.  Two namespaces are built in:
+validator (:mod:`dht.validators`) that decides which records it admits and
+which of two records for the same key wins.  Three namespaces are built in:
 
 - ``/open/``: any author may write any key;
-- ``/owned/<author public key hex>/<name>``: only that author may write.
+- ``/owned/<author public key hex>/<name>``: only that author may write;
+- ``/name/<name>``: the first to claim it, and the writers it allows
+  (:mod:`dht.names`).
 
 The library never holds private keys: signing goes through a caller-supplied
 ``sign(data) -> signature`` function.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Callable
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
@@ -139,17 +141,6 @@ def owned_key(public_key: bytes, name: bytes) -> bytes:
     return _OWNED_PREFIX + public_key.hex().encode() + b"/" + name
 
 
-class Validator(Protocol):
-    """The rules of one namespace."""
-
-    def validate(self, record: Record, now: float) -> None:
-        """Raise RecordError unless the namespace admits ``record`` at ``now``."""
-
-    def better(self, a: Record, b: Record) -> bool:
-        """Whether ``a`` should replace ``b``; both are valid and share a key.
-        Must be a strict total order so that every replica keeps the same one."""
-
-
 class OpenValidator:
     """``/open/``: any author may write.  A record must be signed by its
     author, unexpired, and expire no later than MAX_TTL (+ CLOCK_SKEW) from now.
@@ -179,54 +170,3 @@ class OwnedValidator(OpenValidator):
         if owner != record.public_key.hex().encode():
             raise RecordError("only the public key named in an /owned/ key may write it")
         super().validate(record, now)
-
-
-class Validators:
-    """The registry of namespace validators a node applies to records."""
-
-    def __init__(self, validators: Mapping[bytes, Validator] | None = None) -> None:
-        self._by_namespace: dict[bytes, Validator] = {}
-        for namespace, validator in (validators or {}).items():
-            self.register(namespace, validator)
-
-    @classmethod
-    def default(cls) -> Validators:
-        """The built-in namespaces: ``open`` and ``owned``."""
-        return cls({b"open": OpenValidator(), b"owned": OwnedValidator()})
-
-    def register(self, namespace: bytes, validator: Validator) -> None:
-        """Add ``validator`` for ``namespace`` (e.g. ``b"models"``); raises
-        ValueError for a malformed or already registered namespace."""
-        if not namespace or b"/" in namespace:
-            raise ValueError(f"a namespace is a non-empty name without '/', not {namespace!r}")
-        if namespace in self._by_namespace:
-            raise ValueError(f"namespace {namespace!r} already has a validator")
-        self._by_namespace[namespace] = validator
-
-    def _validator_for(self, key: bytes) -> Validator:
-        namespace = namespace_of(key)
-        try:
-            return self._by_namespace[namespace]
-        except KeyError:
-            known = ", ".join(f"/{ns.decode(errors='replace')}/" for ns in sorted(self._by_namespace))
-            raise RecordError(f"unknown namespace {namespace!r}; known: {known or 'none'}") from None
-
-    def validate(self, record: Record, now: float) -> None:
-        """Raise RecordError unless the record's namespace admits it at ``now``."""
-        self._validator_for(record.key).validate(record, now)
-
-    def better(self, a: Record, b: Record) -> bool:
-        """Whether valid ``a`` should replace valid ``b`` (same key)."""
-        if a.key != b.key:
-            raise ValueError("only records for the same key can be compared")
-        return self._validator_for(a.key).better(a, b)
-
-    def best(self, records: list[Record]) -> Record:
-        """The record that beats all others (valid, same key) whatever their order."""
-        if not records:
-            raise ValueError("best() needs at least one record")
-        best = records[0]
-        for record in records[1:]:
-            if self.better(record, best):
-                best = record
-        return best

@@ -21,7 +21,8 @@ from typing import Iterable, Iterator
 import msgpack
 
 from .ids import Contact, distance, key_id
-from .records import CLOCK_SKEW, MAX_KEY, MAX_TTL, Record, RecordError, Validators
+from .records import CLOCK_SKEW, MAX_KEY, MAX_TTL, Record, RecordError
+from .validators import Validators
 
 MiB = 1024 * 1024
 

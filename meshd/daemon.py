@@ -73,7 +73,7 @@ def build_services(host: Node, config: Config, names: Sequence[str]) -> list[Ser
         crdt = Crdt(host, config.crdt, providers=dht.node)
         built.append(crdt)
     if "shards" in names:
-        built.append(Shards(host, config.shards, providers=dht.node, documents=crdt))
+        built.append(Shards(host, config.shards, providers=dht.node, records=dht.node, documents=crdt))
     if "learning" in names:
         built.append(Learning(host, config.learning, providers=dht.node))
     if "experts" in names:

@@ -1,7 +1,8 @@
 """Model shards between real ``meshd`` processes, driven by ``meshctl shard``
 and the client library: a fetch SIGKILLed halfway resumes with only what is
 missing, and the file written is the file published (a file the safetensors
-library saved with ``__metadata__`` too, byte for byte)."""
+library saved with ``__metadata__`` too, byte for byte), found by its name in
+the DHT, where only its owner and those it allows publish."""
 
 from __future__ import annotations
 
@@ -70,10 +71,17 @@ async def test_a_file_with_metadata_comes_back_byte_for_byte(daemons, tmp_path):
         source = tmp_path / "ckpt.safetensors"
         save_file(tensors, source, metadata={"step": "1200", "format": "pt"})
         [a] = await start(daemons, ["a"], config=CONFIG)
-        shared = {**CONFIG, "shards": {"registry": f"{a.peer_id}/models"}}
-        [b] = await start(daemons, ["b"], config=shared, bootstrap=[str(a.address)])
+        [b] = await start(daemons, ["b"], config=CONFIG, bootstrap=[str(a.address)])  # no registry: the DHT
         published = a.meshctl("shards", "publish", str(source), "--name", "run42/ckpt")
         out = tmp_path / "fetched.safetensors"
         done = b.meshctl("shards", "fetch", "run42/ckpt@latest", "-o", str(out), timeout=60)
         assert done["done"] and done["id"] == published["id"] and done["tensors"] == len(tensors)
         assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(source.read_bytes()).digest()
+
+        name = b.meshctl("shards", "name", "run42/ckpt")
+        assert name["owner"] == str(a.peer_id) and name["versions"]["1"]["id"] == published["id"]
+        refused = b.meshctl_raw("shards", "publish", str(source), "--name", "run42/ckpt")
+        assert refused.returncode != 0 and refused.stderr.count("\n") == 1
+        assert f"belongs to {a.peer_id}" in refused.stderr
+        assert a.meshctl("shards", "allow", "run42/ckpt", str(b.peer_id))["writers"] == [str(b.peer_id)]
+        assert b.meshctl("shards", "publish", str(source), "--name", "run42/ckpt")["version"] == 2

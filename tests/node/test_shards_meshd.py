@@ -230,3 +230,29 @@ async def test_an_unknown_model_is_a_clear_error(tmp_path):
             await b.service("shards").pull("nope")
         with pytest.raises(meshd.services.shards.service.FetchError, match="nobody provides|no provider"):
             await b.service("shards").pull("ab" * 32)
+
+
+async def test_a_name_resolves_on_any_node_through_the_dht_and_only_its_owner_lets_others_publish(tmp_path):
+    async with AsyncExitStack() as stack:  # no registry configured: each node has its own
+        a = await stack.enter_async_context(meshd.open_node(tmp_path / "a", listen="127.0.0.1:0"))
+        b, c = [await stack.enter_async_context(meshd.open_node(
+            tmp_path / name, listen="127.0.0.1:0", bootstrap=[str(a.address)])) for name in "bc"]
+        for node in (b, c):
+            await node.connect(a.address)
+        source = model()
+        first = await a.service("shards").publish(source.state_dict(), name="run42/gpt")
+        copy = model()
+        copy.load_state_dict(await c.service("shards").fetch("run42/gpt@latest", store=False))
+        x = torch.randint(0, 4096, (4, 16))
+        assert torch.equal(copy(x), source(x))
+
+        with pytest.raises(meshd.PermissionDenied, match=f"belongs to {a.peer_id}"):
+            await b.service("shards").publish(source.state_dict(), name="run42/gpt")
+        assert b.service("shards").manifests() == []  # refused before anything was stored
+        await a.service("shards").names.allow("run42/gpt", b.peer_id)
+        with torch.no_grad():
+            source[3].weight.mul_(0.5)
+        second = await b.service("shards").publish(source.state_dict(), name="run42/gpt")
+        assert second.version == 2
+        assert (await c.service("shards").pull("run42/gpt@latest")).id == second.id
+        assert (await c.service("shards").pull("run42/gpt@1")).id == first.id

@@ -10,12 +10,15 @@ is an in-memory DHT provider table for the services that need one.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
 import trio
 
 from dht.ids import Contact
+from dht.records import Record, sign_record
+from dht.validators import Validators
 from meshd.address import HostPort, PeerAddr
 from meshd.identity import Identity, PeerId
 from meshd.rpc import Unavailable
@@ -128,3 +131,30 @@ class FakeProviders:
         while key not in self.records:
             self.changed = trio.Event()
             await self.changed.wait()
+
+
+class FakeRecords:
+    """Signed records in one dict that any number of fake hosts may share, as
+    one replica: ``put`` signs with this host's identity and keeps the record
+    only if the real validators admit it and find it better than the one held."""
+
+    def __init__(self, identity: Identity, store: dict[bytes, Record] | None = None):
+        self._identity = identity
+        self.store: dict[bytes, Record] = {} if store is None else store
+        self._validators = Validators.default()
+
+    async def put(self, key: bytes, value: bytes, *, ttl: float | None = None) -> int:
+        await trio.lowlevel.checkpoint()
+        now, current = time.time(), self.store.get(key)
+        seq = max(int(now * 1000), current.seq + 1 if current else 0)
+        record = sign_record(key, value, public_key=self._identity.peer_id.key, sign=self._identity.sign,
+                             seq=seq, expires=int(now + (ttl or 3600)))
+        self._validators.validate(record, now)
+        if current is not None and not self._validators.better(record, current):
+            return 0
+        self.store[key] = record
+        return 1
+
+    async def get(self, key: bytes) -> Record | None:
+        await trio.lowlevel.checkpoint()
+        return self.store.get(key)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import trio
 
+from dht.network import DhtError
+
 from ...identity import PeerId
-from ...rpc import InvalidArgument, NotFound
-from ...rpc.args import field, optional
+from ...rpc import InvalidArgument, NotFound, PermissionDenied, Unavailable
+from ...rpc.args import field, optional, peer_field
 from .errors import FetchError
 from .format import ManifestError
 from .store import StoreFull
@@ -37,7 +39,9 @@ def _str(arg: object, name: str, *, required: bool = True) -> str | None:
 
 def control_methods(shards) -> dict:
     """``shards.publish``, ``shards.fetch`` (a server stream of progress),
-    ``shards.ls``, ``shards.unpin`` and ``shards.gc``, bound to ``shards``, the
+    ``shards.ls``, ``shards.unpin``, ``shards.gc``, ``shards.name`` (a name's
+    owner, writers and versions in the DHT) and ``shards.allow`` (the owner
+    lets a peer publish under a name, or no longer), bound to ``shards``, the
     :class:`~meshd.services.shards.Shards` service (not imported here: it imports this module)."""
 
     async def publish(arg, ctx):
@@ -106,5 +110,26 @@ def control_methods(shards) -> dict:
         removed, freed = await trio.to_thread.run_sync(shards.store.gc, target)
         return {"removed": removed, "freed_bytes": freed, "bytes": shards.store.total_bytes()}
 
+    async def name(arg, ctx):
+        name = _str(arg, "name")
+        forgot = bool(arg.get("forget_owner")) and shards.names.owners.forget(name)
+        try:
+            named = await shards.names.get(name)
+        except FetchError as exc:
+            raise PermissionDenied(str(exc)) from None
+        except DhtError as exc:
+            raise Unavailable(f"could not look up {name} in the DHT: {exc}") from None
+        if named is None:
+            raise NotFound(f"no node has claimed the name {name} (or the DHT cannot reach its record)")
+        return {"name": name, **named.as_dict(), "forgot_owner": forgot}
+
+    async def allow(arg, ctx):
+        name, peer = _str(arg, "name"), peer_field(arg, "peer")
+        try:
+            named = await shards.names.allow(name, peer, revoke=bool(arg.get("revoke")))
+        except DhtError as exc:
+            raise Unavailable(f"could not update {name} in the DHT: {exc}") from None
+        return {"name": name, **named.as_dict()}
+
     return {"shards.publish": publish, "shards.fetch": fetch, "shards.ls": ls,
-            "shards.unpin": unpin, "shards.gc": gc}
+            "shards.unpin": unpin, "shards.gc": gc, "shards.name": name, "shards.allow": allow}

@@ -51,6 +51,7 @@ from ...service import Documents, Host, Providers
 from .config import ShardsSection
 from .control import control_methods
 from .errors import FetchError
+from .names import KnownOwners, ModelNames, Named, Records, Version
 from .format import (ChunkError, Layout, Manifest, ManifestError, SafetensorsFile, TensorBuffers, decode_manifest,
                      open_encoder, sign_manifest)
 from .store import ONCE, ChunkStore, ChunkWriter, chunk_id as hash_chunk
@@ -64,6 +65,7 @@ MAX_IDS = 64  # chunk ids per shards.chunks request
 _FIRST_BATCH = 2  # chunks a provider is first given; then about _BATCH_SECONDS' worth
 _BATCH_SECONDS = 0.25  # of chunks at a provider's measured rate, per batch (at most MAX_IDS)
 _CALL_TIMEOUT = 120.0
+NAME_REFRESH = 3600.0  # seconds between checks that this node's names will not lapse
 _PUBLISHING = "(publishing) "  # the name of a publish's own pin, until its manifest is kept
 
 
@@ -90,13 +92,14 @@ class Shards:
 
     name = "shards"
 
-    def __init__(self, host: Host, config: ShardsSection, *, providers: Providers,
+    def __init__(self, host: Host, config: ShardsSection, *, providers: Providers, records: Records,
                  documents: Documents) -> None:
         self._node = host
         self._config = config
         self._dht = providers
         self._docs = documents
         self.store = ChunkStore(host.data_dir / "chunks", max_bytes=config.max_bytes)
+        self.names = ModelNames(records, host.identity, KnownOwners(host.data_dir / "names.sqlite"))
         self._manifest_dir = host.data_dir / "manifests"
         self._manifest_dir.mkdir(mode=0o700, exist_ok=True)
         for model, pin_name, *_ in self.store.pins():  # a publish cut short by a crash
@@ -129,6 +132,7 @@ class Shards:
 
     def close(self) -> None:
         self.store.close()
+        self.names.owners.close()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve the bulk lane (if enabled) and announce every whole model kept here
@@ -140,6 +144,12 @@ class Shards:
             for manifest in self.manifests():
                 if not self.store.missing([c.id for c in manifest.chunks]):  # not a fetch cut short
                     await self._announce(manifest)
+            while True:
+                try:
+                    await self.names.refresh()
+                except DhtError as exc:
+                    log.warning("could not refresh this node's model names: %s", exc)
+                await trio.sleep(NAME_REFRESH)
 
     async def _read(self, chunk_id: bytes) -> bytes | None:
         """A chunk for a peer: re-hashed only the first time this store reads it (see
@@ -186,10 +196,14 @@ class Shards:
                       version: int | None = None) -> Manifest:
         """Store, sign, announce and register ``source`` as ``name@version``.
 
-        ``version`` defaults to one above the highest the registry knows.
+        ``version`` defaults to one above the highest the registry and the
+        name in the DHT know.  PermissionDenied, before anything is stored, if
+        another node owns the name and has not allowed this one.
         """
+        named = await self._named(name, publishing=True)
         if version is None:
-            version = 1 + max(await self.versions(name), default=0)
+            known = [*await self.versions(name), *(named.versions if named else ())]
+            version = 1 + max(known, default=0)
         pin = os.urandom(32)  # holds the chunks while there is no manifest to pin them under
         try:
             layout = await trio.to_thread.run_sync(self._store, source, pin, f"{_PUBLISHING}{name}@{version}")
@@ -201,6 +215,11 @@ class Shards:
                 await trio.to_thread.run_sync(self.store.unpin, pin)
         await self._announce(manifest)
         await self._register(manifest)
+        try:
+            await self.names.add_version(name, version, Version(manifest.id, manifest.total_size,
+                                                                manifest.created, manifest.publisher))
+        except DhtError as exc:
+            log.warning("could not name %s@%s in the DHT: %s", name, version, exc)
         return manifest
 
     def _store(self, source: Mapping | str | os.PathLike, pin: bytes, pin_name: str) -> Layout:
@@ -257,9 +276,23 @@ class Shards:
                 with contextlib.suppress(RpcError, ReconcileError):
                     await self._docs.sync(replica, peer)
             entry = _registry_entry(replica.doc.get([name]), version)
-        if entry is None:
-            raise FetchError(f"the registry {replica.ref} has no {name}@{version}")
-        return bytes.fromhex(entry["id"])
+        if entry is not None:
+            return bytes.fromhex(entry["id"])
+        named = await self._named(name)
+        found = named.version(version) if named else None
+        if found is None:
+            where = "nor does the name's record in the DHT" if named else "and no node has claimed the name"
+            raise FetchError(f"the registry {replica.ref} has no {name}@{version}, {where}")
+        return found.id
+
+    async def _named(self, name: str, *, publishing: bool = False) -> Named | None:
+        """The name's DHT record (None if unclaimed or the DHT cannot say); with
+        ``publishing``, PermissionDenied unless this node may publish under it."""
+        try:
+            return await (self.names.check_publisher(name) if publishing else self.names.get(name))
+        except DhtError as exc:
+            log.warning("could not look up the name %s in the DHT: %s", name, exc)
+            return None
 
     # --- fetch -------------------------------------------------------------------------
 

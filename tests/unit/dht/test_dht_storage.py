@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from dht.ids import Contact, distance, key_id, node_id
 from dht.ratelimit import RateLimiter
-from dht.records import MAX_KEY, MAX_TTL, RecordError, Validators
+from dht.records import MAX_KEY, MAX_TTL, RecordError
+from dht.validators import Validators
 from dht.storage import Database, ProviderStore, RecordStore, StoreFull
 from test_dht_records import NOW, Author
 
@@ -250,7 +251,7 @@ def test_a_stored_record_survives_kill_9(tmp_path):
 import os, signal, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_dht_records import NOW, Author
-from dht.records import Validators
+from dht.validators import Validators
 from dht.storage import Database, RecordStore
 store = RecordStore(Database({str(path)!r}), bytes(32), Validators.default(), now=NOW)
 store.put(Author().record(b"/open/survivor"), NOW)

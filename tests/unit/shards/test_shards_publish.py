@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
-from fakehost import FakeHost, FakeProviders
+from fakehost import FakeHost, FakeProviders, FakeRecords
 
 from meshd.rpc import InvalidArgument
 from meshd.services.crdt import Crdt
@@ -27,7 +27,8 @@ async def running(tmp_path, **config):
     host = FakeHost(tmp_path)
     providers = FakeProviders(host.peer_id)
     crdt = Crdt(host, CrdtSection(), providers=providers)
-    shards = Shards(host, ShardsSection(lane=False, **config), providers=providers, documents=crdt)
+    shards = Shards(host, ShardsSection(lane=False, **config), providers=providers,
+                    records=FakeRecords(host.identity), documents=crdt)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(crdt.run)
