@@ -91,6 +91,9 @@ def _largest_big_acked(ack_rangeset, sent_packets: dict, base: int) -> tuple[int
     return None
 
 
+ACK_DELAY = 0.001  # seconds an ACK waits for data to ride on (aioquic's own delay)
+
+
 class MeshQuicConnection(QuicConnection):
     """aioquic's connection with the changes meshd needs.
 
@@ -99,7 +102,9 @@ class MeshQuicConnection(QuicConnection):
       reads, not as data arrives, so an unread stream stops its sender.  The
       PeerConnection raises the limits in ``consumed``; aioquic's own
       doubling rule is neutralised here by hiding the amounts it looks at.
-    * ACKs are not delayed (see ``__init__``).
+    * ACKs ride on data: one is sent at once after every second packet
+      received, or with the next stream data we send, else alone after
+      ``ACK_DELAY`` (see ``receive_datagram``).
     * Path MTU discovery (``enable_pmtud``, ``pmtu_probe``): aioquic has no
       probe of its own, so a probe is a 1-RTT packet of PING and PADDING built
       here at the probed size and registered with aioquic's loss recovery
@@ -110,11 +115,8 @@ class MeshQuicConnection(QuicConnection):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # aioquic holds every ACK back for 1 ms, so a reply that leaves sooner goes
-        # without it and a timer wakes up later to send the ACK alone.  With no
-        # delay, the ACK rides on the next packet we send; our flush already
-        # batches one per scheduling round, so no ACK storm follows.
-        self._ack_delay = 0.0
+        self._ack_delay = ACK_DELAY
+        self._unacked = 0  # packets received since our last ACK (datagrams, as a proxy)
         # The same loss recovery aioquic builds, plus what the path-MTU search needs to hear.
         config = self._configuration
         self._loss = _PmtuRecovery(
@@ -248,6 +250,35 @@ class MeshQuicConnection(QuicConnection):
             cc._max_datagram_size = size
         if hasattr(cc, "additive_increase_factor"):  # cubic
             cc.additive_increase_factor = size
+
+    # aioquic holds every ACK back for its delay, so a reply that leaves sooner goes
+    # without it and a timer sends the ACK alone later: two packets each way per
+    # call.  Sending every ACK at once (no delay) costs the same, since the ACK
+    # leaves before the reply is written.  So, as RFC 9000 section 13.2 lets a
+    # receiver do: an ACK goes with the next stream data sent, or at once after
+    # every second packet received (bulk senders hear often), or alone after the
+    # delay: one packet each way per call.
+
+    def receive_datagram(self, data: bytes, addr, now: float) -> None:
+        super().receive_datagram(data, addr, now)
+        space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
+        if space is not None and space.ack_at is not None:
+            self._unacked += 1
+            if self._unacked >= 2:
+                space.ack_at = now
+
+    def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
+        super().send_stream_data(stream_id, data, end_stream)
+        space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
+        if space is not None and space.ack_at is not None:
+            space.ack_at = 0.0  # due now: it goes in the packet carrying this data
+
+    def datagrams_to_send(self, now: float) -> list:
+        datagrams = super().datagrams_to_send(now)
+        space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
+        if space is None or space.ack_at is None:
+            self._unacked = 0
+        return datagrams
 
     def get_timer(self) -> float | None:
         timer = super().get_timer()
