@@ -14,6 +14,8 @@ Sans-IO modules (time is a ``now`` argument, randomness an injected
 * ``nat.autonat``: AutoNAT dial-back rules and the reachability verdict;
 * ``nat.relay``: relay reservations, circuit limits, a relay's reply checked;
 * ``nat.punch``: hole-punching method, addresses and burst schedule;
+* ``nat.candidates``: host candidates (interface addresses) offered and checked;
+* ``nat.beacon``: LAN discovery beacons (signed), their schedule and admission;
 * ``nat.portprobe``: port-prediction probing roles, admission and schedule;
 * ``nat.errors``: ``Refused`` and ``Malformed``, each with a ``kind`` that
   the shell maps to an RPC error.

@@ -35,6 +35,11 @@ async def cmd_nat(client: meshd.Client, args) -> object:
         table.add_row("hairpinning", "-" if hairpin is None else ("yes" if hairpin else "no"))
         for relay, left in result["relay_reservations"].items():
             table.add_row(f"relay reservation at {relay[:10]}...", f"{left} s left")
+        table.add_row("host candidates", ", ".join(result["host_candidates"]) or "-")
+        lan = result["lan_discovery"]
+        table.add_row("LAN discovery", lan if isinstance(lan, str) else
+                      f"on {', '.join(lan['interfaces'])}: {lan['peers_heard']} peers heard" if lan["interfaces"]
+                      else "on; no private-network interface to beacon on")
         table.add_row("STUN requests answered", str(result["stun_answered"]))
         console().print(table)
 

@@ -355,7 +355,12 @@ class Endpoint:
 
     async def dial_path(self, addr: tuple, expected_peer: PeerId, timeout: float | None = None,
                         name: str | None = None) -> PeerConnection:
-        """Connect over a resolved socket address or a virtual path (see ``attach_path``)."""
+        """Connect over a resolved socket address or a virtual path (see ``attach_path``).
+
+        A dial cancelled before its handshake completes is closed, so a path
+        that lost a race (another address answered first) never replaces the
+        winner later.
+        """
         if addr[0] != VIRTUAL_HOST:
             self._note_dial(expected_peer)
         quic = self._new_quic(True, addr)
@@ -363,8 +368,13 @@ class Endpoint:
         quic.connect(addr, now=trio.current_time())
         conn.transmit()
         limit = self.config.handshake_timeout if timeout is None else timeout
-        with trio.move_on_after(limit):
-            await conn.established.wait()
+        try:
+            with trio.move_on_after(limit):
+                await conn.established.wait()
+        except trio.Cancelled:  # a dial that lost a race (another address answered first) ends here
+            if conn.peer_id is None:
+                conn.close(reason="dial abandoned")
+            raise
         if conn.peer_id is None:
             reason = conn.close_reason or f"no answer within {limit:g} s"
             conn.close(reason="dial abandoned")

@@ -170,6 +170,7 @@ async def test_a_peer_known_only_to_the_dht_is_reached_by_peer_id(tmp_path):
 async def test_wildcard_listener_advertises_where_direct_peers_see_it(tmp_path):
     cfg = config()
     cfg.nat.port_mapping = False  # no NAT-PMP probes of the default gateway from a test
+    cfg.nat.lan_discovery = False  # no LAN beacons: another meshd on this LAN would change what it advertises
     async with AsyncExitStack() as stack:
         [a] = await open_nodes(stack, tmp_path, "a")
         b = await stack.enter_async_context(meshd.open_node(tmp_path / "b", listen="0.0.0.0:0", config=cfg))

@@ -8,6 +8,9 @@ Topology (every box is a network namespace named ``natlab-PID-RAND-ROLE``)::
      .10          .11                      |       lan0 10.K.0.1/24
                                        [host X]    eth0 10.K.0.2/24, default via 10.K.0.1
 
+``NatLab.site`` puts several hosts (10.K.0.2, .3, ...) on one LAN, a bridge
+behind one router: an office, a lab, a home with two machines.
+
 Nothing is created in the root namespace and nothing is routed anywhere but
 between these namespaces: public hosts have no default route, routers have
 none either, so a packet for any other address is unreachable.
@@ -590,6 +593,53 @@ class NatLab:
         self.routers.append(router)
         self.hosts[name] = host
         return host
+
+    def site(self, name: str, hosts: tuple[str, ...] = ("a", "b"), kind: str = "home") -> list[Host]:
+        """Several hosts on one LAN behind one NAT router of ``kind`` (an office, a lab, a home).
+
+        The router ``{name}_rt`` has wan0 on the public segment and a bridge
+        lan0 10.K.0.1/24 (the LAN switch); host i is 10.K.0.(i+2) on eth0,
+        default via 10.K.0.1.  The hosts reach each other across the bridge
+        (multicast too) and the internet through the router's NAT, which does
+        not hairpin: a packet to the router's WAN address from inside is not
+        turned back in.  Returns the hosts in the order named.
+        """
+        if kind not in NAT_KINDS:
+            raise NatLabError(f"NAT kind {kind!r}: choose one of {NAT_KINDS}")
+        self._check_name(name)
+        for host_name in hosts:
+            self._check_name(host_name)
+        if self._next_lan > 250:
+            raise NatLabError("no LAN prefixes left")
+        k = self._next_lan
+        self._next_lan += 1
+        router_ns = self._add_namespace(f"{name}_rt")
+        wan = self._attach_public(router_ns)
+        lan_gw = f"10.{k}.0.1"
+        _ip("-n", router_ns, "link", "add", "lan0", "type", "bridge")
+        _ip("-n", router_ns, "addr", "add", f"{lan_gw}/24", "dev", "lan0")
+        _ip("-n", router_ns, "link", "set", "lan0", "up")
+        router = Host(self, f"{name}_rt", router_ns, "router", lan_gw, wan)
+        router.run(["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+        # a plain switch: where br_netfilter is loaded (docker does), bridged frames
+        # would otherwise meet the router's forward chain and its drop policy
+        router.run(["sysctl", "-q", "-e", "-w", "net.bridge.bridge-nf-call-iptables=0",
+                    "net.bridge.bridge-nf-call-ip6tables=0", "net.bridge.bridge-nf-call-arptables=0"])
+        router.run(["nft", "-f", "-"], input=_ruleset(kind, "drop"))
+        self.routers.append(router)
+        members = []
+        for i, host_name in enumerate(hosts):
+            host_ns = self._add_namespace(host_name)
+            address, port = f"10.{k}.0.{i + 2}", f"{name[:8]}{i}"
+            _ip("-n", host_ns, "link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", router_ns)
+            _ip("-n", router_ns, "link", "set", port, "master", "lan0", "up")
+            _ip("-n", host_ns, "addr", "add", f"{address}/24", "dev", "eth0")
+            _ip("-n", host_ns, "link", "set", "eth0", "up")
+            _ip("-n", host_ns, "route", "add", "default", "via", lan_gw)
+            host = Host(self, host_name, host_ns, kind, address, wan, router=router)
+            self.hosts[host_name] = host
+            members.append(host)
+        return members
 
     # --- between tests ---
 

@@ -2,8 +2,10 @@
 
 ``stun`` answers and asks STUN on the node's socket; ``autonat`` learns
 whether strangers can reach us; ``relay`` carries QUIC for NATed peers;
-``punch`` and ``portprobe`` find a direct path over a relayed one; ``portmap``
-asks the home gateway for a port (NAT-PMP).  :class:`Nat` ties them to the node.
+``punch`` and ``portprobe`` find a direct path over a relayed one (with our
+``interfaces``' addresses as host candidates); ``portmap`` asks the home
+gateway for a port (NAT-PMP); ``lan`` finds peers on the LAN by multicast
+beacons.  :class:`Nat` ties them to the node.
 """
 
 from .config import NatSection, RelaySection

@@ -10,6 +10,9 @@ class NatSection:
     stun_servers: list[str] = field(default_factory=list)  # HOST:PORT, asked at start
     hole_punching: bool = True  # after a relayed connection, try for a direct one
     port_mapping: bool = True  # NAT-PMP on the default gateway, when listening on 0.0.0.0
+    host_candidates: bool = True  # offer our interface addresses when punching (peers at one site)
+    lan_discovery: bool = True  # multicast beacons on private-network interfaces: find LAN peers
+    lan_interval: float = 30.0  # seconds between LAN beacons after the first few
 
 
 @dataclass

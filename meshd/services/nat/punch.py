@@ -12,6 +12,14 @@ calls (the node keeps one connection per peer).  N dials X's addresses too, so a
 public X is reached whatever NAT N is behind.  Bounded tries; the relay stays
 the fallback (reserved, and dialed again if the direct path dies).
 
+Both sides also offer their host candidates (``"local"``: their interface
+addresses with their QUIC port, :mod:`nat.candidates`), and dial the other's
+alongside its public addresses, with no burst (no NAT between them): two
+machines behind one NAT that does not hairpin find each other only so.  They
+are tried even when no NAT method can work (both sides symmetric).  All
+dials run at once and the first handshake to complete wins, so of several
+working paths the one with the lowest round trip is kept.
+
 Public addresses come from STUN (``NodeStun``): the reflexive addresses
 peers and servers reported.  The method, the addresses and the burst schedule
 are :mod:`nat.punch`'s; this module does the I/O.  Behind a symmetric NAT those do not predict the
@@ -25,6 +33,7 @@ from typing import Callable
 
 import trio
 
+from nat.candidates import dialable, host_candidates, ip_literal, take_candidates
 from nat.portprobe import relayed_only
 from nat.punch import (DIAL_TIMEOUT, TRIES, burst, choose_method, mapping_of, parse_addresses,
                        public_addresses, wait_before_dial)
@@ -36,6 +45,7 @@ from ...rpc import RpcError
 from ...service import Host
 from ...transport import DialError, PeerConnection
 from .errors import bad_reply, parse_hostport, rpc_errors
+from .interfaces import interface_addresses
 from .portmap import PortMapper
 from .portprobe import PortProber
 from .stun import NodeStun
@@ -47,11 +57,12 @@ class HolePuncher:
     """Both roles of hole punching on one node."""
 
     def __init__(self, host: Host, stun: NodeStun, portmap: PortMapper,
-                 stun_servers: Callable[[], list[HostPort]]):
+                 stun_servers: Callable[[], list[HostPort]], *, offer_local: bool = True):
         self._node = host
         self._stun = stun
         self._portmap = portmap
         self._stun_servers = stun_servers
+        self._offer_local = offer_local
         self._prober = PortProber(host, stun)
 
     def rpc_methods(self) -> dict:
@@ -63,14 +74,32 @@ class HolePuncher:
         return public_addresses(str(mapped) if mapped else None, self._stun.reflexive.values(),
                                 str(self._node.listen_address))
 
+    def local_addresses(self) -> list[str]:
+        """Our host candidates: interface addresses with our port, when we listen on a
+        wildcard address (a specific one is among :meth:`public_addresses` already)."""
+        listen = self._node.listen_address
+        if not self._offer_local or listen.host not in ("0.0.0.0", "::"):
+            return []
+        return host_candidates(interface_addresses(), listen.port, ipv6=listen.host == "::")
+
+    def _exchange_message(self) -> dict:
+        return {"addrs": self.public_addresses(), "local": self.local_addresses()}
+
+    def _candidates(self, message: object) -> list[HostPort]:
+        """The peer's host candidates we may dial; Malformed if the field is malformed."""
+        ours = ip_literal(self._node.listen_address.host)
+        on_loopback = ours is not None and ours.is_loopback
+        return [hp for hp in map(parse_hostport, take_candidates(message))
+                if dialable(hp.host, loopback=on_loopback)]
+
     async def _serve_exchange(self, arg: object, ctx) -> dict:
         # Only peers we reach through a relay may ask, so a burst (at most
         # BURST x MAX_ADDRS packets) is never aimed at a stranger's behalf.
         with rpc_errors():
             relayed_only(ctx.info.get("path"), "hole punching")
-            theirs = _addresses(arg)
-        self._node.spawn(self._attempt, ctx.peer, theirs)
-        return {"addrs": self.public_addresses(), "mapping": self._prober.my_mapping().value}
+            theirs, local = _addresses(arg), self._candidates(arg)
+        self._node.spawn(self._attempt, ctx.peer, theirs, local)
+        return {**self._exchange_message(), "mapping": self._prober.my_mapping().value}
 
     async def punch(self, peer: PeerId) -> PeerConnection | None:
         """Try to replace the relayed connection to ``peer`` with a direct one.
@@ -79,42 +108,53 @@ class HolePuncher:
         dials when at most one side is symmetric and the other has no NAT (or
         neither is symmetric), port-prediction probing when a symmetric NAT
         meets an endpoint-independent one, nothing when both are symmetric.
-        Returns the direct connection (path "punched"), or None.
+        The peer's host candidates are dialed with the bursts, or on their own
+        first when the method is not "punch".  Returns the direct connection
+        (path "punched"), or None.
         """
         if not self._stun.reflexive:
             await self._stun.discover(self._stun_servers())
         for attempt in range(1, TRIES + 1):
             start = trio.current_time()
             try:
-                reply = await self._node.rpc.call(
-                    peer, "punch.exchange", {"addrs": self.public_addresses()}, timeout=10
-                )
+                reply = await self._node.rpc.call(peer, "punch.exchange", self._exchange_message(), timeout=10)
                 with bad_reply(peer, "punch.exchange"):
-                    theirs = _addresses(reply)
+                    theirs, local = _addresses(reply), self._candidates(reply)
             except RpcError as exc:
                 log.info("punch %s: exchange failed: %s", peer, exc)
                 return None
             method = choose_method(self._prober.my_mapping(), mapping_of(reply))
-            if method is None or not theirs:
+            if method != "punch" and local and (conn := await self._direct(peer, [], local)):
+                return conn  # at one site: no NAT between us
+            if method is None or not theirs + local:
                 log.info("punch %s: both sides symmetric (or no address): staying relayed", peer)
                 return None
             if method == "probe":
-                return await self._prober.run(peer, mapping_of(reply), theirs[0])
+                return await self._prober.run(peer, mapping_of(reply), theirs[0]) if theirs else None
             await trio.sleep(wait_before_dial(start, trio.current_time()))  # N began when it answered
-            conn = await self._attempt(peer, theirs)
+            conn = await self._direct(peer, theirs, local)
             if conn is not None:
-                conn.path = "punched"
-            current = self._node.live(peer)
-            if current is not None and current.path != "relayed":
-                return current  # ours, or N's dial towards us if the two crossed
+                return conn
             log.info("punch %s: try %d of %d failed", peer, attempt, TRIES)
         return None
 
-    async def _attempt(self, peer: PeerId, addresses: list[HostPort]) -> PeerConnection | None:
-        """Burst towards ``addresses`` while dialing each in turn; the first direct connection wins.
+    async def _direct(self, peer: PeerId, addresses: list[HostPort],
+                      local: list[HostPort]) -> PeerConnection | None:
+        """:meth:`_attempt`, then the direct connection to ``peer`` in use, if any (path "punched")."""
+        conn = await self._attempt(peer, addresses, local)
+        if conn is not None:
+            conn.path = "punched"
+        current = self._node.live(peer)
+        return current if current is not None and current.path != "relayed" else None  # ours, or theirs
+
+    async def _attempt(self, peer: PeerId, addresses: list[HostPort],
+                       local: list[HostPort]) -> PeerConnection | None:
+        """Burst towards ``addresses`` while dialing them and the host candidates ``local``
+        all at once; the first direct connection wins.
 
         Both sides run this, so whichever NAT lets the other in first decides,
-        and a public peer is reached whatever NAT the other side has.
+        and a public peer is reached whatever NAT the other side has.  Host
+        candidates get no burst: no NAT stands between two hosts of one LAN.
         """
         won: list[PeerConnection] = []
 
@@ -136,7 +176,7 @@ class HolePuncher:
             nursery.start_soon(self._burst, addresses)
             nursery.start_soon(other_side_won, nursery.cancel_scope)
             async with trio.open_nursery() as dials:
-                for hostport in addresses:
+                for hostport in dict.fromkeys(addresses + local):
                     dials.start_soon(dial, hostport, dials.cancel_scope)
             nursery.cancel_scope.cancel()
         return won[0] if won else None

@@ -1,10 +1,11 @@
-"""The NAT traversal service: STUN, AutoNAT, relays, hole punching, port mapping.
+"""The NAT traversal service: STUN, AutoNAT, relays, hole punching, port mapping, LAN discovery.
 
 It climbs the connection ladder of ``docs/architecture.md`` for the node: it
 answers STUN on the node's socket and learns the NAT's behaviour, keeps an
 AutoNAT verdict, holds relay reservations at the bootstrap peers, gives the
 node a route through relays (then punches a direct path), maps a port on the
-home gateway, and adds what it learned to the addresses the node advertises.
+home gateway, finds peers on its LAN by multicast beacons, and adds what it
+learned to the addresses the node advertises.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ...transport.endpoint import VIRTUAL_HOST
 from .autonat import AutoNat
 from .config import NatSection, RelaySection
 from .control import control_methods
+from .lan import LanDiscovery
 from .portmap import PortMapper
 from .punch import HolePuncher
 from .relay import Relay
@@ -48,7 +50,9 @@ class Nat:
         self.autonat = AutoNat(host, self.stun)
         self.relay = Relay(host, relay)
         self.portmap = PortMapper(host.endpoint)
-        self.puncher = HolePuncher(host, self.stun, self.portmap, self.stun_servers)
+        self.puncher = HolePuncher(host, self.stun, self.portmap, self.stun_servers,
+                                   offer_local=config.host_candidates)
+        self.lan = LanDiscovery(host, config.lan_interval)
         host.add_route(self)
         host.add_address_source(self._addresses)
         host.add_identify(lambda: {"relays": [str(r) for r in self.relay.status()["reserved_at"]]})
@@ -64,8 +68,10 @@ class Nat:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Map a port, classify the NAT and keep the AutoNAT verdict, hold relay
-        reservations at the bootstrap peers; until cancelled."""
+        reservations at the bootstrap peers, find peers on the LAN; until cancelled."""
         async with trio.open_nursery() as nursery:
+            if self.config.lan_discovery:
+                nursery.start_soon(self.lan.run)
             if self.config.port_mapping and self._host.listen_address.host == "0.0.0.0":
                 nursery.start_soon(self.portmap.run)
             if self.configured_stun:
@@ -188,4 +194,6 @@ class Nat:
             "filtering": FILTERING[self.autonat.status],
             "hairpinning": self.stun.hairpinning,
             "relay_reservations": self.relay.status()["reserved_at"],
+            "host_candidates": self.puncher.local_addresses(),
+            "lan_discovery": self.lan.status() if self.config.lan_discovery else "off",
         }
