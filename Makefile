@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test unit lint bench bench-dht bench-crdt bench-shards bench-pmtu bench-cli clean coturn nftables
+.PHONY: demo test unit lint fuzz bench bench-dht bench-crdt bench-shards bench-pmtu bench-cli clean coturn nftables
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
@@ -19,6 +19,12 @@ unit: $(STAMP)
 # Layers point down, services stay apart, no import cycles (contracts in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
+
+# Coverage-guided fuzzing of every decoder of peer data (atheris, 35 MB, not in the default install).
+FUZZ_SECONDS ?= 60
+fuzz: $(STAMP)
+	$(VENV)/bin/pip install -q atheris==3.0.0
+	$(VENV)/bin/python tests/fuzz/run.py all --seconds $(FUZZ_SECONDS)
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/rpc.py

@@ -113,7 +113,7 @@ def parse_name_value(value: bytes) -> tuple[Claim, bytes]:
     Does not verify the claim's signature."""
     try:
         parsed = msgpack.unpackb(value, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise RecordError(f"a name record's value is not msgpack: {exc}") from None
     if not isinstance(parsed, list) or len(parsed) != 2 or not isinstance(parsed[1], bytes):
         raise RecordError("a name record's value must be [claim, payload bytes]")

@@ -19,7 +19,7 @@ import math
 import torch
 
 from .encoded import CODECS, CodecError, Encoded, check_block, payload_size
-from .tensors import DTYPES, dtype_name, tensor_bytes, tensor_from_bytes, tensor_view
+from .tensors import DTYPES, dtype_name, shape_fits, tensor_bytes, tensor_from_bytes, tensor_view
 
 __all__ = ["CODECS", "CodecError", "Encoded", "ErrorFeedback", "decode", "encode", "payload_size"]
 
@@ -83,8 +83,9 @@ def decode(encoded: Encoded) -> torch.Tensor:
     (unknown codec or dtype, bad shape or block, a payload of the wrong size),
     never another exception: this is peer data."""
     codec, dtype, shape = encoded.codec, encoded.dtype, encoded.shape
-    if not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape):
-        raise CodecError(f"a shape is a tuple of non-negative integers, not {shape!r}")
+    if not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape) \
+            or not shape_fits(shape):
+        raise CodecError(f"a shape is a tuple of non-negative integers that fits a tensor, not {shape!r:.80}")
     numel = math.prod(shape)
     expected = payload_size(codec, dtype, numel, encoded.block)
     if len(encoded.payload) != expected:

@@ -9,6 +9,7 @@ the last bits; :func:`fixed_sum` adds in an order fixed by the length alone.
 from __future__ import annotations
 
 import ctypes
+import math
 
 import torch
 
@@ -19,6 +20,13 @@ DTYPES = {
 }
 NAMES = {dtype: name for name, dtype in DTYPES.items()}
 _CHUNK = 4096
+_INT64 = 1 << 63
+
+
+def shape_fits(shape: tuple[int, ...]) -> bool:
+    """Whether torch can make a tensor of ``shape`` (non-negative ints): its sizes, and the
+    strides it computes even for an empty tensor, fit in int64."""
+    return math.prod(max(n, 1) for n in shape) < _INT64
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -58,10 +66,13 @@ def tensor_view(tensor: torch.Tensor, *, writable: bool = False) -> memoryview:
 def tensor_from_bytes(data: bytes | bytearray | memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
     """A tensor of ``data``: sharing it if it is writable (a bytearray, a writable
     view: the caller hands it over), else holding a copy; ValueError for an
-    unknown dtype, sizes that disagree, or a bool byte other than 0 or 1."""
+    unknown dtype, a shape torch cannot hold, sizes that disagree, or a bool
+    byte other than 0 or 1."""
     torch_dtype = DTYPES.get(dtype)
     if torch_dtype is None:
         raise ValueError(f"unknown dtype {dtype!r}")
+    if not shape_fits(shape):
+        raise ValueError(f"shape {list(shape)[:8]} is too large for a tensor")
     numel = 1
     for n in shape:
         numel *= n

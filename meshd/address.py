@@ -46,13 +46,12 @@ class HostPort:
                 raise AddressError(f"{text!r}: expected HOST:PORT (IPv6 as [ADDR]:PORT)")
             if ":" in host:
                 raise AddressError(f"{text!r}: write IPv6 addresses in brackets, [ADDR]:PORT")
-        if not port_text.isdigit():
+        if not (port_text.isascii() and port_text.isdigit()):
             raise AddressError(f"{text!r}: port {port_text!r} is not a number")
-        port = int(port_text)
         low = 0 if allow_zero_port else 1
-        if not low <= port <= 65535:
-            raise AddressError(f"{text!r}: port {port} is outside {low}-65535")
-        return cls(host, port)
+        if len(port_text) > 5 or not low <= int(port_text) <= 65535:  # int() refuses over 4300 digits
+            raise AddressError(f"{text!r}: port {port_text[:12]} is outside {low}-65535")
+        return cls(host, int(port_text))
 
     def __str__(self) -> str:
         if ":" in self.host:

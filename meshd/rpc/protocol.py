@@ -56,7 +56,7 @@ def parse_request(frame: object) -> Request:
         type(timeout_ms) is not int or not 0 <= timeout_ms <= MAX_TIMEOUT_MS
     ):
         raise ProtocolViolation(f"timeout_ms must be null or an integer 0-{MAX_TIMEOUT_MS}")
-    if kind not in KIND_NAMES:
+    if type(kind) is not int or kind not in KIND_NAMES:
         raise ProtocolViolation(f"call kind must be one of {sorted(KIND_NAMES)}")
     timeout = None if timeout_ms is None else timeout_ms / 1000
     return Request(method, timeout, kind, arg)

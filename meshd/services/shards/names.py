@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import msgpack
-
 from dht.ids import PUBLIC_KEY_SIZE
 from dht.names import Claim, name_key, name_value, parse_name_value, sign_claim
-from dht.records import MAX_TTL, Record, RecordError
+from dht.records import MAX_TTL, MAX_VALUE, Record, RecordError
 
 from ...identity import Identity, PeerId
 from ...rpc import PermissionDenied
+from ...wire import FrameError, pack, unpack
 from .errors import FetchError
 
 log = logging.getLogger("meshd.shards")
@@ -49,24 +48,23 @@ class Version:
 def encode_versions(versions: dict[int, Version]) -> bytes:
     """The payload of a name record: the newest ``MAX_VERSIONS`` of ``versions``."""
     newest = sorted(versions)[-MAX_VERSIONS:]
-    return msgpack.packb({n: [versions[n].id, versions[n].bytes, versions[n].time, versions[n].publisher]
-                          for n in newest})
+    return pack([[n, versions[n].id, versions[n].bytes, versions[n].time, versions[n].publisher] for n in newest])
 
 
 def decode_versions(payload: bytes) -> dict[int, Version]:
     """The versions a name record's payload lists; RecordError if it is malformed."""
     try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise RecordError(f"a model name's versions are not msgpack: {exc}") from None
-    if not isinstance(raw, dict) or len(raw) > MAX_VERSIONS:
-        raise RecordError(f"a model name lists at most {MAX_VERSIONS} versions, as a map")
+        raw = unpack(payload, MAX_VALUE)
+    except FrameError as exc:
+        raise RecordError(f"a model name's versions: {exc}") from None
+    if not isinstance(raw, list) or len(raw) > MAX_VERSIONS:
+        raise RecordError(f"a model name lists at most {MAX_VERSIONS} versions")
     versions = {}
-    for number, entry in raw.items():
-        if not (_count(number) and isinstance(entry, list) and len(entry) == 4
-                and _key(entry[0]) and _count(entry[1]) and _count(entry[2]) and _key(entry[3])):
-            raise RecordError("a model name's version must be NUMBER: [id, bytes, time, publisher]")
-        versions[number] = Version(*entry)
+    for entry in raw:
+        if not (isinstance(entry, list) and len(entry) == 5 and _count(entry[0]) and _key(entry[1])
+                and _count(entry[2]) and _count(entry[3]) and _key(entry[4])):
+            raise RecordError("a model name's version must be [number, id, bytes, time, publisher]")
+        versions[entry[0]] = Version(*entry[1:])
     return versions
 
 

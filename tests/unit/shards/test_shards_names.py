@@ -90,7 +90,7 @@ def test_versions_round_trip_keep_the_newest_and_refuse_malformed_payloads():
     versions = {n: version(n % 250, publisher) for n in range(1, MAX_VERSIONS + 11)}
     decoded = decode_versions(encode_versions(versions))
     assert sorted(decoded) == list(range(11, MAX_VERSIONS + 11)) and decoded[20] == versions[20]
-    for bad in [b"\xc1", msgpack.packb([1]), msgpack.packb({1: [b"x", 1, 1, b"y"]}),
-                msgpack.packb({-1: [bytes(32), 1, 1, bytes(32)]})]:
+    for bad in [b"\xc1", msgpack.packb({1: 2}), msgpack.packb([[1, b"x", 1, 1, b"y"]]),
+                msgpack.packb([[-1, bytes(32), 1, 1, bytes(32)]])]:
         with pytest.raises(RecordError):
             decode_versions(bad)
