@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test unit lint fuzz bench bench-dht bench-crdt bench-shards bench-pmtu bench-cli clean coturn nftables
+.PHONY: demo test unit lint fuzz bench-all bench bench-dht bench-crdt bench-shards bench-pmtu bench-cli clean coturn nftables
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
@@ -25,6 +25,10 @@ FUZZ_SECONDS ?= 60
 fuzz: $(STAMP)
 	$(VENV)/bin/pip install -q atheris==3.0.0
 	$(VENV)/bin/python tests/fuzz/run.py all --seconds $(FUZZ_SECONDS)
+
+# Every benchmark, one after another, into docs/benchmarks.md with plots (about an hour; --quick: minutes).
+bench-all: $(STAMP)
+	$(VENV)/bin/python benchmarks/all.py
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/rpc.py

@@ -1,6 +1,6 @@
 """RPC benchmark: meshd against bare aioquic, plain TCP, Lattica and hivemind.
 
-    .venv/bin/python benchmarks/rpc.py [--calls 2000] [--bulk-mib 256] [--no-anchors]
+    .venv/bin/python benchmarks/rpc.py [--calls 2000] [--bulk-mib 256] [--no-anchors] [--json FILE]
 
 Two processes on 127.0.0.1: a server process and this one as the client.
 Measures unary calls with a 128-byte payload (sequential p50/p99 latency, and
@@ -28,7 +28,7 @@ import meshd  # noqa: E402
 
 sys.path.append(str(_HERE))
 import baselines  # noqa: E402
-from benchmarks.parts import bulk_sink, bulk_source  # noqa: E402
+from benchmarks.parts import bulk_sink, bulk_source, save_json  # noqa: E402
 
 CHUNK = 1 << 20
 PAYLOAD = b"x" * 128
@@ -102,6 +102,7 @@ async def _measure(addr: str, n_calls: int, inflight: int, bulk: int) -> list[di
         "up_MBps": up,
         "down_MBps": down,
         "note": f"{inflight} in flight; bulk {bulk >> 20} MiB in 1 MiB messages",
+        "lat_ms": [x * 1e3 for x in lat],
     }, {
         "name": "meshd RPC, 32 in flight", "p50_ms": None, "p99_ms": None, "calls_per_s": rate_32,
         "up_MBps": None, "down_MBps": None, "note": "calls/s as the anchors measure it",
@@ -145,6 +146,7 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--bulk-mib", type=int, default=256)
     parser.add_argument("--no-anchors", action="store_true", help="skip Lattica and hivemind")
+    parser.add_argument("--json", metavar="FILE", help="also write the rows (and meshd's latencies) as JSON")
     args = parser.parse_args()
     if args.serve:
         trio.run(_serve, args.serve)
@@ -157,6 +159,7 @@ def main() -> None:
     if not args.no_anchors:
         rows.extend(baselines.anchor_rows())
     print_table(rows)
+    save_json(args.json, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,246 @@
+"""Every benchmark in one command, written to ``docs/benchmarks.md`` with plots.
+
+    .venv/bin/python benchmarks/all.py [--quick] [--only rpc,dht,...] [--out docs/benchmarks.md]
+
+Runs each benchmark script in turn as its own process (the anchors' rows come
+from the same scripts, in the same runs), keeps its table as printed, and
+writes one page: the date, the commit, the machine (CPU, cores, memory,
+kernel, Python), the load before and after each benchmark, how long each took
+and its table; then plots from the scripts' JSON where a picture says more
+(latency distributions, throughput by path).  ``--quick`` passes each script
+its short settings: a smoke test of the page, not numbers to quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+@dataclass
+class Bench:
+    """One script: its arguments (full and quick), whether it writes ``--json``, a time limit."""
+
+    name: str
+    script: str
+    args: list[str] = field(default_factory=list)
+    quick: list[str] = field(default_factory=list)
+    json: bool = False
+    timeout: float = 1800.0
+
+
+BENCHES = [
+    Bench("rpc", "rpc.py", quick=["--calls", "500", "--bulk-mib", "64", "--no-anchors"], json=True),
+    Bench("cli", "cli.py", quick=["--runs", "5"]),
+    Bench("dht", "dht.py", quick=["--skip", "sim,anchors", "--daemons", "8", "--ops", "30"], json=True),
+    Bench("crdt", "crdt.py", quick=["--quick"]),
+    Bench("lane", "lane.py", quick=["--runs", "1"]),
+    Bench("shards", "shards.py", quick=["--quick", "--skip", "anchors"], json=True),
+    Bench("pmtu", "pmtu.py", quick=["--mib", "16", "--runs", "1"]),
+    Bench("lan", "lan.py", quick=["--mib", "8", "--runs", "1"]),
+    Bench("nat", "nat.py", quick=["--runs", "1", "--pairs", "home-home,symmetric-home"]),
+    Bench("learning", "learning.py", quick=["--quick"]),
+    Bench("experts", "experts.py", quick=["--quick"]),
+]
+
+
+def machine() -> dict[str, str]:
+    """What the numbers were measured on."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown")
+    mem = next((line.split()[1] for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), "0")
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    return {"CPU": cpu, "cores": str(os.cpu_count()), "memory": f"{int(mem) / 2**20:.1f} GiB",
+            "kernel": platform.release(), "Python": platform.python_version(), "commit": commit}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@dataclass
+class Result:
+    bench: Bench
+    command: str
+    seconds: float
+    returncode: int
+    output: str
+    load_before: str
+    load_after: str
+    data: dict | None
+
+
+def run(bench: Bench, quick: bool, scratch: Path) -> Result:
+    """Run one benchmark; its output (stderr's tail too if it failed) and JSON."""
+    args = list(bench.args) + (bench.quick if quick else [])
+    json_path = scratch / f"{bench.name}.json"
+    if bench.json:
+        args += ["--json", str(json_path)]
+    command = [PYTHON, str(ROOT / "benchmarks" / bench.script), *args]
+    env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+    load_before, start = _load(), time.perf_counter()
+    print(f"== {bench.name}: {' '.join(command[1:])}", flush=True)
+    try:
+        proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=bench.timeout)
+        output, code = proc.stdout, proc.returncode
+        if code:
+            output += "\n" + "\n".join(proc.stderr.splitlines()[-15:])
+    except subprocess.TimeoutExpired as exc:
+        output, code = f"{exc.stdout or ''}\n(stopped after {bench.timeout:.0f} s)", -1
+    seconds = time.perf_counter() - start
+    data = json.loads(json_path.read_text()) if bench.json and json_path.exists() else None
+    shown = " ".join(["benchmarks/" + bench.script, *[a for a in args if not a.startswith(str(scratch))]])
+    shown = shown.replace(" --json", "")
+    print(f"   {seconds:.0f} s, exit {code}", flush=True)
+    return Result(bench, shown, seconds, code, output, load_before, _load(), data)
+
+
+# --- plots ---------------------------------------------------------------------------
+
+
+def plot(results: list[Result], folder: Path) -> list[tuple[str, str]]:
+    """PNG plots for the results that carry data: ``[(title, file name)]``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    made = []
+    for result in results:
+        if result.data is None:
+            continue
+        maker = {"rpc": _plot_rpc, "dht": _plot_dht, "shards": _plot_shards}.get(result.bench.name)
+        if maker is None:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        title = maker(ax, result.data)
+        if title is None:
+            plt.close(fig)
+            continue
+        ax.set_title(title)
+        fig.tight_layout()
+        name = f"{result.bench.name}.png"
+        fig.savefig(folder / name, dpi=110)
+        plt.close(fig)
+        made.append((title, name))
+    return made
+
+
+def _cdf(ax, values: list[float], label: str) -> None:
+    values = sorted(values)
+    if values:
+        ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=label)
+
+
+def _plot_rpc(ax, data: dict) -> str | None:
+    rows = [r for r in data.get("rows", []) if r.get("p50_ms") is not None]
+    if not rows:
+        return None
+    for i, row in enumerate(rows):
+        if row.get("lat_ms"):
+            _cdf(ax, row["lat_ms"], row["name"])
+        else:
+            ax.axvline(row["p50_ms"], linestyle=":", color=f"C{i}", label=f"{row['name']}: p50")
+    ax.set_xscale("log")
+    ax.set_xlabel("unary call latency, ms (log)")
+    ax.set_ylabel("fraction of calls")
+    ax.legend(fontsize=7, loc="lower right")
+    return "Unary RPC latency: meshd's distribution, other systems' p50"
+
+
+def _plot_dht(ax, data: dict) -> str | None:
+    runs = data.get("real") or []
+    if not runs:
+        return None
+    biggest = max(runs, key=lambda r: r.get("daemons", 0))
+    for key, measure, label in (("live", "put_lat", "put"), ("live", "get_lat", "get"),
+                                ("dead", "get_lat", "get, first pass after 30 % killed")):
+        _cdf(ax, [x * 1e3 for x in (biggest.get(key) or {}).get(measure, [])], f"meshd {label}")
+    anchors = [row for row in data.get("rows", [])
+               if "meshd" not in row.get("system", "") and row.get("p50") is not None and row.get("unit") == "ms"]
+    for i, row in enumerate(anchors, start=3):
+        ax.axvline(row["p50"], linestyle=":", color=f"C{i}", label=f"{row['system']} {row['measure']}: p50")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency, ms (log)")
+    ax.set_ylabel("fraction of operations")
+    ax.legend(fontsize=7, loc="lower right")
+    return f"DHT on {biggest.get('daemons')} daemons: latency distributions, anchors' p50"
+
+
+def _plot_shards(ax, data: dict) -> str | None:
+    rows = [r for r in data.get("rows", []) if r.get("mb_s")]
+    if not rows:
+        return None
+    labels = [f"{r['part']}: {r['measure']}"[:70] for r in rows]
+    ax.barh(range(len(rows)), [r["mb_s"] for r in rows])
+    ax.set_yticks(range(len(rows)), labels, fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("MB/s")
+    return "Model shards: publish and fetch rates beside the disk and the anchors"
+
+
+# --- the page ------------------------------------------------------------------------
+
+
+def page(results: list[Result], plots: list[tuple[str, str]], quick: bool, plot_dir: str) -> str:
+    facts = machine()
+    lines = ["# Benchmarks", "",
+             f"Written by `benchmarks/all.py{' --quick' if quick else ''}` on "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+             + (" (quick settings: a smoke test, not numbers to quote)." if quick else "."),
+             "Each benchmark ran alone, one after another; every table holds its comparison rows "
+             "(anchors, ceilings) from the same run.", "",
+             "| machine | |", "|---|---|", *[f"| {k} | {v} |" for k, v in facts.items()], "",
+             "| benchmark | command | took | exit | load before | load after |", "|---|---|---|---|---|---|",
+             *[f"| {r.bench.name} | `{r.command}` | {r.seconds:.0f} s | {r.returncode} | {r.load_before} | "
+               f"{r.load_after} |" for r in results], ""]
+    for title, name in plots:
+        lines += [f"![{title}]({plot_dir}/{name})", ""]
+    for r in results:
+        lines += [f"## {r.bench.name}", "", f"`{r.command}`, {r.seconds:.0f} s, exit {r.returncode}", "",
+                  "```text", r.output.rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="each script's short settings")
+    parser.add_argument("--only", default="", help="comma list of: " + ",".join(b.name for b in BENCHES))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    args = parser.parse_args()
+    chosen = [b for b in BENCHES if not args.only or b.name in args.only.split(",")]
+    unknown = set(filter(None, args.only.split(","))) - {b.name for b in BENCHES}
+    if unknown:
+        parser.error(f"no benchmark named {', '.join(sorted(unknown))}")
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory() as scratch:
+        results = [run(bench, args.quick, Path(scratch)) for bench in chosen]
+    plot_dir = out.stem
+    plots = plot(results, out.parent / plot_dir)
+    out.write_text(page(results, plots, args.quick, plot_dir))
+    print(f"wrote {out} and {len(plots)} plots in {out.parent / plot_dir}")
+    return max((abs(r.returncode) for r in results), default=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
