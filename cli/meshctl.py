@@ -20,7 +20,7 @@ import meshd
 from meshd.client.blocking import BlockingClient, run
 from meshd.control.socket import socket_path
 
-from .commands import crdt, dht, experts, learning, nat, node, shards
+from .commands import crdt, dht, doctor, experts, learning, nat, node, shards
 from .common import data_dir_argument, fail
 
 
@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = options(argparse.ArgumentParser(prog="meshctl", description="control a running meshd"),
                      suppress=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    for commands in (node, nat, dht, crdt, shards, learning, experts):
+    for commands in (node, nat, dht, crdt, shards, learning, experts, doctor):
         commands.add_parser(sub, common)
     return parser
 
@@ -50,6 +50,8 @@ async def _run(args) -> None:
         print(json.dumps(result, default=lambda v: v.hex() if isinstance(v, bytes) else repr(v)))
     else:
         show()
+    if getattr(args, "exit_code", 0):  # a command that reports failures (doctor) says so
+        raise SystemExit(args.exit_code)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
@@ -409,6 +410,7 @@ class Node:
             "agent": AGENT,
             "protocol": "meshd/1",
             "relays": [],
+            "time": time.time(),  # unix seconds: lets a peer see how far our clocks differ
         }
         for fields in self._identify_fields:
             info.update(fields())

@@ -507,3 +507,16 @@ async def test_malformed_rpc_frames_get_error_frames(daemons, tmp_path):
                 lambda: call(a, str(node.peer_id), "ping", '"back"'))
             assert reply == "back"
             assert conn.close_reason is None
+
+
+def test_meshctl_doctor_gives_a_verdict_per_check_and_fails_without_peers(daemons):
+    a = daemons("a")
+    alone = a.meshctl_raw("doctor")
+    assert alone.returncode == 1 and "FAIL" in alone.stdout and "no connection" in alone.stdout
+    b = daemons("b", bootstrap=[str(a.address)])
+    wait_until(lambda: a.peer_id in peer_ids(b), 10, "B to list A")
+    checks = {c["name"]: c for c in b.meshctl("doctor")}
+    assert set(checks) == {"data folder", "disk", "peers", "reachability", "port mapping", "clock"}
+    assert checks["peers"]["verdict"] == "ok" and checks["peers"]["detail"] == "1 connected: 1 direct"
+    assert checks["clock"]["verdict"] == "ok" and "1 asked" in checks["clock"]["detail"]  # identify says its time
+    assert checks["data folder"]["verdict"] == "ok" and checks["port mapping"]["verdict"] == "ok"  # loopback
