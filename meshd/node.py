@@ -373,7 +373,8 @@ class Node:
             await self._connected_events.setdefault(peer, trio.Event()).wait()
 
     def peers(self) -> list[dict]:
-        """One dict per connected peer: id, address, path, direction, RTT, open streams."""
+        """One dict per connected peer: id, address, path, direction, RTT, how long
+        connected, open streams, and the datagram size in use (path MTU discovery)."""
         now = trio.current_time()
         return [
             {
@@ -384,6 +385,7 @@ class Node:
                 "rtt_ms": _ms(conn.rtt),
                 "connected_s": round(now - conn.created_at, 3),
                 "streams": conn.open_streams,
+                "datagram": conn.datagram_size,
             }
             for peer, conn in sorted(self._conns.items(), key=lambda kv: str(kv[0]))
         ]

@@ -38,7 +38,7 @@ def _shown(value: object) -> str:
 
 async def cmd_peers(client: meshd.Client, args) -> object:
     rows = await client.peers()
-    columns = ["peer_id", "address", "path", "direction", "rtt_ms", "connected_s", "streams"]
+    columns = ["peer_id", "address", "path", "direction", "rtt_ms", "connected_s", "streams", "datagram"]
     return rows, lambda: console().print(rows_table(f"{len(rows)} connected peers", rows, columns))
 
 

@@ -28,6 +28,7 @@ async def test_rpc_both_ways_and_identify(tmp_path):
             assert await b.ping(a.peer_id) < 1.0
             [row] = b.peers()
             assert row["peer_id"] == str(a.peer_id) and row["direction"] == "out"
+            assert row["datagram"] == 16000  # loopback: large datagrams from the start
 
 
 async def test_peer_store_survives_a_restart(tmp_path):
