@@ -2,7 +2,7 @@
 
 A call runs over one :class:`CallStream`: a QUIC stream between peers
 (:mod:`meshd.transport.stream`) or a Unix-socket connection to the local
-daemon (:mod:`meshd.control.stream`; blocking, for ``meshctl``:
+daemon (:mod:`meshd.control.session`; blocking, for ``meshctl``:
 :mod:`meshd.client.blocking`).  All give the RPC code the same semantics, so
 one implementation serves the network and the control socket.  Nothing here
 imports trio at run time.

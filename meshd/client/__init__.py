@@ -39,11 +39,15 @@ class Client(NodeMethods, NatMethods, DhtMethods, CrdtMethods, ShardsMethods, Le
 async def connect(data_dir: str | Path = "~/.meshd") -> AsyncIterator[Client]:
     """A client for the daemon running with ``data_dir``.
 
-    Raises DaemonNotRunning at once if no daemon answers there.
+    Its calls share one connection, closed when the block is left.  Raises
+    DaemonNotRunning at once if no daemon answers there.
     """
     client = Client(socket_path(data_dir))
-    await client.id()
-    yield client
+    try:
+        await client.id()
+        yield client
+    finally:
+        await client.aclose()
 
 
 __all__ = ["Client", "ControlClient", "DaemonNotRunning", "RemoteDocument", "connect", "split_path"]

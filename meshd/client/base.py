@@ -1,4 +1,4 @@
-"""One call to the local daemon's control socket per request."""
+"""Calls to the local daemon's control socket: one connection per client, a stream per call."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..control.socket import MAX_FRAME
 from ..rpc.errors import Unavailable
 
 if TYPE_CHECKING:
-    from ..control.stream import SocketCallStream
+    from ..control.session import MuxSession, MuxStream
     from ..rpc.client import ResponseStream
 
 
@@ -31,6 +31,12 @@ def open_error(path: Path, exc: OSError) -> Exception:
 class ControlClient:
     """Calls the control methods of the daemon whose socket is at ``path``.
 
+    All the calls a client makes at the same time share one connection, each
+    on its own stream (:mod:`meshd.control.mux`); it is opened by the first
+    call and again after it was lost, and closed by :meth:`aclose` (or
+    leaving :func:`meshd.connect`).  A client is used from one trio run at a
+    time; in a new run it opens a new connection.
+
     trio and the RPC call code are imported on the first call, not with this
     module: ``meshctl`` uses these methods through
     :class:`meshd.client.blocking.BlockingClient`, which needs neither.
@@ -38,16 +44,48 @@ class ControlClient:
 
     def __init__(self, path: Path):
         self.path = path
+        self._session: MuxSession | None = None
+        self._run: object = None  # the trio run the session belongs to
+        self._opening: object = None  # a trio.Lock, so concurrent first calls share one connection
 
-    async def _open(self) -> SocketCallStream:
+    async def _open(self) -> MuxStream:
+        """A new stream to the daemon; DaemonNotRunning or Unavailable if there is none."""
+        from ..streams import StreamAborted
+
+        session = await self._connection()
+        try:
+            return await session.open_stream()
+        except StreamAborted as exc:
+            raise Unavailable(str(exc)) from None
+
+    async def _connection(self) -> MuxSession:
         import trio
 
-        from ..control.stream import SocketCallStream
+        from ..control.session import MuxSession
 
-        try:
-            return SocketCallStream(await trio.open_unix_socket(str(self.path)))
-        except OSError as exc:
-            raise open_error(self.path, exc) from None
+        run = trio.lowlevel.current_root_task()
+        if self._run is not run:  # a new trio run: the old connection belonged to the old one
+            self._forget()
+            self._run, self._opening = run, trio.Lock()
+        async with self._opening:
+            if self._session is None or self._session.lost is not None:
+                self._forget()
+                try:
+                    self._session = await MuxSession.connect(str(self.path))
+                except OSError as exc:
+                    raise open_error(self.path, exc) from None
+        return self._session
+
+    def _forget(self) -> None:
+        if self._session is not None:
+            self._session.discard()
+            self._session = None
+
+    async def aclose(self) -> None:
+        """Close the connection; calls still running on it end with Unavailable."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.aclose()
 
     async def request(self, method: str, arg: object = None, timeout: float | None = 60) -> object:
         """Call a control method of the daemon."""

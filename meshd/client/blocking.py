@@ -23,6 +23,7 @@ import socket
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
+from ..control.mux import Mux, MuxError
 from ..control.socket import MAX_FRAME
 from ..rpc import protocol as P
 from ..rpc.errors import DeadlineExceeded, ProtocolViolation
@@ -55,13 +56,18 @@ def run(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
 class BlockingSocketStream:
     """A CallStream over a blocking Unix socket: its coroutines never suspend.
 
-    Each operation waits at most until ``deadline`` (``time.monotonic()``;
-    None: no limit), then raises TimeoutError.
+    It speaks the control socket's stream framing (:mod:`meshd.control.mux`)
+    with one stream per connection: ``meshctl`` makes one call per process,
+    so sharing a connection would save it nothing.  Closing the connection
+    resets the stream.  Each operation waits at most until ``deadline``
+    (``time.monotonic()``; None: no limit), then raises TimeoutError.
     """
 
     def __init__(self, sock: socket.socket, deadline: float | None):
         self._sock = sock
         self._deadline = deadline
+        self._mux = Mux(client=True)
+        self._state = self._mux.open()
 
     def _arm(self) -> None:
         if self._deadline is not None:
@@ -70,24 +76,49 @@ class BlockingSocketStream:
                 raise TimeoutError
             self._sock.settimeout(left)
 
-    async def send_all(self, data: bytes, eof: bool = False) -> None:
-        # eof is ignored: on this socket an end of stream means the caller is gone
+    def _flush(self) -> None:
         self._arm()
         try:
-            self._sock.sendall(data)
+            self._sock.sendall(self._mux.data_to_send())
         except TimeoutError:
             raise
         except OSError as exc:
             raise StreamAborted(str(exc)) from None
 
-    async def receive_some(self) -> bytes:
+    def _receive(self) -> None:
+        """Read the socket once and apply what came (data, credit, the end)."""
         self._arm()
         try:
-            return self._sock.recv(1 << 16)
+            data = self._sock.recv(1 << 16)
+            if data:
+                self._mux.receive_data(data)
         except TimeoutError:
             raise
-        except OSError as exc:
+        except (OSError, MuxError) as exc:
             raise StreamAborted(str(exc)) from None
+        if not data:
+            raise StreamAborted("the daemon closed the connection")
+
+    async def send_all(self, data: bytes, eof: bool = False) -> None:
+        view = memoryview(data)
+        while True:
+            if self._state.reset:
+                raise StreamAborted("the daemon reset the call")
+            view = view[self._mux.send(self._state, view, eof):]
+            self._flush()
+            if not view:
+                return
+            self._receive()  # until the daemon credits the window
+
+    async def receive_some(self) -> bytes:
+        while not self._state.readable:
+            self._receive()
+        if self._state.reset:
+            raise StreamAborted("the daemon reset the call")
+        data = self._mux.read(self._state, 1 << 16)
+        if self._mux.wants_to_send:
+            self._flush()
+        return data
 
     async def close(self) -> None:
         self.abort()

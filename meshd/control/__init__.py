@@ -2,7 +2,8 @@
 client library call (mode 0600, and the connecting uid is checked).
 
 The server offers the node core's methods and mounts each service's
-``control_methods()``; it imports no service.  The client side is
+``control_methods()``; it imports no service.  A connection carries many
+calls, one per stream (:mod:`.mux`, sans-IO; :mod:`.session`, its trio shell).  The client side is
 :mod:`meshd.client`.  Names load on first use (:mod:`meshd._lazy`), so a
 client reading :mod:`.socket` does not import the server (nor trio).
 """

@@ -1,8 +1,9 @@
-"""The control socket's server: ``DATA_DIR/meshd.sock``, one call per socket connection.
+"""The control socket's server: ``DATA_DIR/meshd.sock``.
 
 The node hands it every method by name (its own and its services'), so this
-module knows neither the node nor any service.  Calls use the same RPC frames
-as peers do; only this user (or root) may connect.
+module knows neither the node nor any service.  A connection carries many
+calls at once, one per stream (:mod:`.mux`); each call uses the same RPC
+frames as peers do.  Only this user (or root) may connect.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Callable, Mapping
 import trio
 
 from ..rpc import RpcServer
-from .stream import SocketCallStream
+from .mux import Mux
+from .session import MuxSession
 from .socket import MAX_FRAME, socket_path
 
 
@@ -62,15 +64,10 @@ async def serve_control(data_dir: Path, server: RpcServer, *, task_status=trio.T
                 if _peer_uid(stream.socket) not in (my_uid, 0):
                     await stream.aclose()
                     continue
-                nursery.start_soon(_serve_one, server, stream)
+                session = MuxSession(stream, Mux(client=False))
+                nursery.start_soon(session.serve, lambda call: server.serve_call(call, "control"))
     finally:
         path.unlink(missing_ok=True)
-
-
-async def _serve_one(server: RpcServer, stream: trio.SocketStream) -> None:
-    async with stream, trio.open_nursery() as nursery:
-        await server.serve_call(SocketCallStream(stream, nursery), "control")
-        nursery.cancel_scope.cancel()
 
 
 async def _answers(path: Path) -> bool:
