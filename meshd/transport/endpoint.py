@@ -60,6 +60,7 @@ class TransportConfig:
     handshake_timeout: float = 10.0
     max_datagram_size: int = 1200  # every path starts here (QUIC's minimum)
     loopback_datagram_size: int = 16000  # fixed on loopback (0: probe loopback like any path)
+    relayed_datagram_size: int = 16000  # fixed on relayed paths, whose datagrams ride a stream (0: 1200)
     pmtud: bool = True  # probe each direct path for larger datagrams (docs/transport.md)
     pmtud_max_datagram_size: int = AIOQUIC_MAX_DATAGRAM  # the largest probed; at most 16000
     stream_window: int = 4 << 20
@@ -248,12 +249,21 @@ class Endpoint:
     # --- connections -----------------------------------------------------------
 
     def _new_quic(self, is_client: bool, addr: tuple, **kwargs) -> MeshQuicConnection:
-        """A QUIC state machine for a path to ``addr`` (big datagrams on loopback)."""
-        return MeshQuicConnection(configuration=self._quic_config(is_client, self._fixed_size(addr)), **kwargs)
+        """A QUIC state machine for a path to ``addr`` (big datagrams on loopback and relays)."""
+        size = self._fixed_size(addr) or self.config.max_datagram_size
+        return MeshQuicConnection(configuration=self._quic_config(is_client, size), **kwargs)
 
-    def _fixed_size(self, addr: tuple) -> bool:
-        """Whether ``addr`` is a loopback path with its own fixed datagram size."""
-        return bool(self.config.loopback_datagram_size) and _is_loopback(addr[0])
+    def _fixed_size(self, addr: tuple) -> int:
+        """The datagram size fixed for ``addr``'s kind of path, or 0 (search it).
+
+        Loopback has no path to search.  A relayed path carries each datagram
+        as one item of a stream through the relay, which the outer connection
+        cuts into its own packets: no size is lost on the way, and the larger
+        the datagram, the fewer items, packets and decryptions per byte.
+        """
+        if addr[0] == VIRTUAL_HOST:
+            return self.config.relayed_datagram_size
+        return self.config.loopback_datagram_size if _is_loopback(addr[0]) else 0
 
     def _path_limit(self, addr: tuple) -> tuple[int, int]:
         """(the largest datagram worth probing towards ``addr``, its IP+UDP header bytes).
@@ -271,13 +281,13 @@ class Endpoint:
             limit = min(limit, mtu - overhead)
         return limit, overhead
 
-    def _quic_config(self, is_client: bool, loopback: bool) -> QuicConfiguration:
+    def _quic_config(self, is_client: bool, datagram_size: int) -> QuicConfiguration:
         cfg = self.config
         return QuicConfiguration(
             is_client=is_client,
             alpn_protocols=[ALPN],
             idle_timeout=cfg.idle_timeout,
-            max_datagram_size=cfg.loopback_datagram_size if loopback else cfg.max_datagram_size,
+            max_datagram_size=datagram_size,
             max_data=cfg.connection_window,
             max_stream_data=cfg.stream_window,
             verify_mode=ssl.CERT_NONE,  # the peer is checked by PeerId after the handshake
