@@ -34,9 +34,7 @@ class CallStream(Protocol):
         """Queue ``data``, waiting while the peer is not keeping up.
 
         ``eof=True`` also ends our sending side after ``data``, in the same
-        operation; we may go on reading.  A transport that cannot tell an end
-        of sending from a disconnect (a Unix socket) keeps its side open and
-        ends it at ``close``.
+        operation; we may go on reading.
         """
 
     async def receive_some(self) -> bytes:
