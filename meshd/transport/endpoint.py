@@ -12,9 +12,11 @@ import errno
 import ipaddress
 import itertools
 import logging
+import os
 import socket
 import ssl
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -24,9 +26,11 @@ from aioquic.buffer import Buffer
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.packet import (
     QuicPacketType,
+    encode_quic_retry,
     encode_quic_version_negotiation,
     pull_quic_header,
 )
+from aioquic.quic.retry import QuicRetryTokenHandler
 
 from ..identity import Identity, PeerId
 from .connection import ALPN, CLOSE_REFUSED, PeerConnection
@@ -66,6 +70,7 @@ class TransportConfig:
     stream_window: int = 4 << 20
     connection_window: int = 16 << 20
     max_connections: int = 256
+    retry_above: int = 16  # handshakes in progress beyond which a new dialer must first prove its address (Retry)
     close_idle_after: float = 120.0  # close a connection without streams this long (0: never)
 
 
@@ -135,6 +140,7 @@ class Endpoint:
         self._cids: dict[PeerConnection, set[bytes]] = {}
         self._sock: socket.socket | None = None
         self._paths: dict[tuple, Callable[[bytes], None]] = {}
+        self._retry = QuicRetryTokenHandler()  # address-validation tokens (a fresh key per run)
         self.dialed: dict[PeerId, float] = {}  # peers we last sent a direct dial to, and when
         self._path_ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
@@ -320,6 +326,9 @@ class Endpoint:
         """
         if header.packet_type == QuicPacketType.VERSION_NEGOTIATION:
             return None
+        if len(data) < _MIN_INITIAL:  # too small to be a client's first datagram: no answer of any kind
+            self.stats["unroutable"] += 1
+            return None
         if header.version is not None and header.version not in QuicConfiguration().supported_versions:
             self.send_datagram(
                 encode_quic_version_negotiation(
@@ -330,12 +339,17 @@ class Endpoint:
                 addr,
             )
             return None
-        if header.packet_type != QuicPacketType.INITIAL or len(data) < _MIN_INITIAL:
+        if header.packet_type != QuicPacketType.INITIAL:
             self.stats["unroutable"] += 1
             return None
         if self._nursery is None:
             return None
-        quic = self._new_quic(False, addr, original_destination_connection_id=header.destination_cid)
+        ids = self._validated_ids(header, addr)
+        if ids is None:
+            return None
+        original_cid, retry_cid = ids
+        quic = self._new_quic(False, addr, original_destination_connection_id=original_cid,
+                              retry_source_connection_id=retry_cid)
         now = trio.current_time()
         quic.receive_datagram(data, addr, now)
         first_flight = quic.datagrams_to_send(now)
@@ -351,6 +365,39 @@ class Endpoint:
         for datagram, to in first_flight:
             self.send_datagram(datagram, to)
         return conn
+
+    def _validated_ids(self, header, addr: tuple) -> tuple[bytes, bytes | None] | None:
+        """(original destination CID, Retry source CID) for a new connection, or
+        None if the Initial gets none: its token is not one we issued for this
+        address in the last 30 s, or, over ``retry_above`` handshakes in
+        progress, it has none and we answer with a Retry instead (RFC 9000
+        section 8.1.2): one round trip proves the dialer receives at its
+        address before it costs us a TLS handshake, so spoofed Initials cost
+        one small datagram each.  Relayed paths come through an authenticated
+        connection and are never asked."""
+        if header.token and addr[0] != VIRTUAL_HOST:
+            try:
+                original = self._retry.validate_token(address=addr[:2], destination_cid=header.destination_cid,
+                                                      token=header.token, now=time.time())
+            except ValueError:
+                self.stats["bad_token"] += 1
+                return None
+            return original, header.destination_cid
+        if addr[0] == VIRTUAL_HOST or self._handshakes() < self.config.retry_above:
+            return header.destination_cid, None
+        source_cid = os.urandom(8)
+        token = self._retry.create_token(address=addr[:2], original_destination_connection_id=header.destination_cid,
+                                         retry_source_connection_id=source_cid, now=time.time())
+        self.send_datagram(encode_quic_retry(version=header.version, source_cid=source_cid,
+                                             destination_cid=header.source_cid,
+                                             original_destination_cid=header.destination_cid,
+                                             retry_token=token), addr)
+        self.stats["retry_sent"] += 1
+        return None
+
+    def _handshakes(self) -> int:
+        """Incoming connections still in their handshake."""
+        return sum(1 for conn in self._cids if conn.peer_id is None and not conn.dialed)
 
     async def dial(self, host: str, port: int, expected_peer: PeerId, timeout: float | None = None) -> PeerConnection:
         """Connect to ``host:port`` and prove that ``expected_peer`` answers there.

@@ -294,3 +294,45 @@ async def test_loopback_keeps_its_fixed_datagram_size_and_is_not_probed(pair):
     conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
     assert await unary_call(lambda: _ready(conn.open_stream()), "echo", 1, 5, MAX) == 1
     assert conn.datagram_size == TransportConfig().loopback_datagram_size and conn.quic.pmtu is None
+
+
+async def test_over_its_handshake_limit_a_server_makes_dialers_prove_their_address_with_retry(nursery):
+    a = await Side(nursery, TransportConfig(retry_above=0)).start()  # every new Initial gets a Retry
+    b = await Side(nursery).start()
+
+    async def echo(arg, ctx):
+        return arg
+
+    a.server.register("echo", echo)
+    conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
+    assert await unary_call(lambda: _ready(conn.open_stream()), "echo", "ok", 5, MAX) == "ok"
+    assert a.endpoint.stats["retry_sent"] == 1  # one round trip, then the handshake with the token
+
+
+async def test_an_initial_with_a_forged_token_gets_no_connection(nursery):
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+
+    a = await Side(nursery, TransportConfig(retry_above=0)).start()
+    client = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=["meshd/1"]))
+    client._peer_token = b"\x00" * 40  # a token the server never issued
+    client.connect(a.addr, now=trio.current_time())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for datagram, _ in client.datagrams_to_send(trio.current_time()):
+            s.sendto(datagram, a.addr)
+        await trio.testing.wait_all_tasks_blocked()  # (the datagrams are in a's socket already)
+    assert a.endpoint.stats["bad_token"] == 1
+    assert a.connections == [] and a.endpoint.stats["retry_sent"] == 0
+
+
+async def test_version_negotiation_answers_only_datagrams_of_a_full_initials_size(pair):
+    a, _ = pair
+    unknown_version = b"\xc0\x0a\x0a\x0a\x0a\x08" + b"\x01" * 8 + b"\x08" + b"\x02" * 8
+    with trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        await s.bind(("127.0.0.1", 0))
+        await s.sendto(unknown_version + b"\x00" * 40, a.addr)  # small: no answer (RFC 9000 section 6.1)
+        await s.sendto(unknown_version + b"\x00" * 1200, a.addr)
+        with trio.fail_after(5):
+            reply = await s.recv(2048)
+    assert reply[1:5] == b"\x00\x00\x00\x00"  # a Version Negotiation packet, for the big one only
+    assert a.endpoint.stats["unroutable"] == 1
