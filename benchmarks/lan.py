@@ -35,7 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:1] = [str(REPO), str(REPO / "tests" / "support")]  # the repo first: benchmarks/nat.py shadows nat
-from benchmarks.parts import bulk_sink, bulk_source  # noqa: E402
+from benchmarks.parts import bulk_sink, bulk_source, span  # noqa: E402
 
 MiB = 1 << 20
 CHUNK = MiB
@@ -156,21 +156,13 @@ def lan_rows(nbytes: int, runs: int, results: dict) -> list[dict]:
             rows.append({"what": "host candidates on (default)" if lan else "host candidates off (before)",
                          "path": ", ".join(sorted({f"{r['first_path']} -> {r['path']}" for r in res})),
                          "address": ", ".join(sorted({r["address"] for r in res})),
-                         "rtt": _median([r["rtt_ms"] for r in res]),
-                         "up": _median([r["up_MBps"] for r in res]), "down": _median([r["down_MBps"] for r in res]),
-                         "range": [_span([r["up_MBps"] for r in res]), _span([r["down_MBps"] for r in res])],
-                         "to_direct": f"{_median(to_direct):.2f} s" if to_direct else "-"})
+                         "rtt": statistics.median([r["rtt_ms"] for r in res]),
+                         "up": statistics.median([r["up_MBps"] for r in res]), "down": statistics.median([r["down_MBps"] for r in res]),
+                         "range": [span([r["up_MBps"] for r in res]), span([r["down_MBps"] for r in res])],
+                         "to_direct": f"{statistics.median(to_direct):.2f} s" if to_direct else "-"})
         relayed, direct = rows
         direct["note"] = f"x{direct['up'] / relayed['up']:.1f} up, x{direct['down'] / relayed['down']:.1f} down"
     return rows
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def _span(values: list[float]) -> str:
-    return f"{min(values):,.1f}-{max(values):,.1f}" if len(values) > 1 else ""
 
 
 def main() -> int:

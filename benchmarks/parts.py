@@ -59,6 +59,11 @@ def run_parts(parts: list[tuple[str, Callable[[], list]]], skip: str,
     return rows, rc
 
 
+def span(values: list[float]) -> str:
+    """``LOW-HIGH`` of several runs' values (empty for one run)."""
+    return f"{min(values):,.1f}-{max(values):,.1f}" if len(values) > 1 else ""
+
+
 def save_json(path: str | None, results: dict) -> None:
     """Write ``results`` to ``path`` (if given) as JSON."""
     if path:

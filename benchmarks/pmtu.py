@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:1] = [str(REPO), str(REPO / "tests" / "support")]  # the repo first: benchmarks/nat.py shadows nat
-from benchmarks.parts import bulk_sink, bulk_source, tcp_send_seconds  # noqa: E402
+from benchmarks.parts import bulk_sink, bulk_source, span, tcp_send_seconds  # noqa: E402
 
 MiB = 1 << 20
 CHUNK = MiB
@@ -178,10 +178,10 @@ def mtu_rows(mtu: int, nbytes: int, runs: int, skip: set[str], results: dict) ->
             results[f"{mtu}/{'on' if pmtud else 'off'}"] = res
             sizes = sorted({f"{r['size_up']} / {r['size_down']}" for r in res})
             rows.append({"mtu": mtu, "what": f"meshd RPC, PMTUD {'on' if pmtud else 'off'}", "size": ", ".join(sizes),
-                         "up": _median([r["up_MBps"] for r in res]), "down": _median([r["down_MBps"] for r in res]),
-                         "range": [_span([r["up_MBps"] for r in res]), _span([r["down_MBps"] for r in res])],
-                         "cpu": [_median([r["up_cpu_ms_per_MB"] for r in res]),
-                                 _median([r["down_cpu_ms_per_MB"] for r in res])]})
+                         "up": statistics.median([r["up_MBps"] for r in res]), "down": statistics.median([r["down_MBps"] for r in res]),
+                         "range": [span([r["up_MBps"] for r in res]), span([r["down_MBps"] for r in res])],
+                         "cpu": [statistics.median([r["up_cpu_ms_per_MB"] for r in res]),
+                                 statistics.median([r["down_cpu_ms_per_MB"] for r in res])]})
         off, on = rows[-2], rows[-1]
         on["note"] = f"x{on['up'] / off['up']:.1f} up, x{on['down'] / off['down']:.1f} down"
         if "tcp" not in skip:
@@ -192,14 +192,6 @@ def mtu_rows(mtu: int, nbytes: int, runs: int, skip: set[str], results: dict) ->
             rows.append({"mtu": mtu, "what": "plain TCP, same veths (ceiling)", "size": "-",
                          "up": res["MBps"], "down": None, "note": f"{4 * nbytes // MiB} MiB one way, once"})
     return rows
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def _span(values: list[float]) -> str:
-    return f"{min(values):,.1f}-{max(values):,.1f}" if len(values) > 1 else ""
 
 
 def main() -> int:

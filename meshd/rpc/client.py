@@ -66,10 +66,17 @@ async def unary_call(
 async def _unary_once(
     open_stream: OpenStream, method: str, arg: object, deadline: float, max_frame: int
 ) -> object:
-    stream = await open_stream()
-    try:
-        framed = Framed(stream, max_frame)
+    async def send(framed: Framed) -> None:
         await framed.write(P.request_frame(method, _wire_timeout(deadline), P.UNARY, arg), eof=True)
+
+    return await _call(await open_stream(), max_frame, send)
+
+
+async def _call(stream: CallStream, max_frame: int, send: Callable[[Framed], Awaitable[None]]) -> object:
+    """Run ``send`` on ``stream``, then read the one reply and close; any failure resets the stream."""
+    framed = Framed(stream, max_frame)
+    try:
+        await send(framed)
         result = await _read_reply(framed)
     except (StreamAborted, FrameError) as exc:
         stream.abort()
@@ -94,32 +101,22 @@ async def client_stream_call(
     stops and its error is raised.
     """
     deadline = _deadline(timeout)
-    with trio.move_on_at(deadline):
-        stream = await open_stream()
-        framed = Framed(stream, max_frame)
+
+    async def send(framed: Framed) -> None:
         try:
-            try:
-                await framed.write(
-                    P.request_frame(method, _wire_timeout(deadline), P.CLIENT_STREAM, None)
-                )
-                if isinstance(items, AsyncIterable):
-                    async for item in items:
-                        await framed.write([P.ITEM, item])
-                else:
-                    for item in items:
-                        await framed.write([P.ITEM, item])
-                await framed.write(P.END_FRAME, eof=True)
-            except StreamAborted:
-                pass  # the server stopped reading: its reply says why
-            result = await _read_reply(framed)
-        except (StreamAborted, FrameError) as exc:
-            stream.abort()
-            raise call_error(exc) from None
-        except BaseException:
-            stream.abort()
-            raise
-        await stream.close()
-        return result
+            await framed.write(P.request_frame(method, _wire_timeout(deadline), P.CLIENT_STREAM, None))
+            if isinstance(items, AsyncIterable):
+                async for item in items:
+                    await framed.write([P.ITEM, item])
+            else:
+                for item in items:
+                    await framed.write([P.ITEM, item])
+            await framed.write(P.END_FRAME, eof=True)
+        except StreamAborted:
+            pass  # the server stopped reading: its reply says why
+
+    with trio.move_on_at(deadline):
+        return await _call(await open_stream(), max_frame, send)
     raise DeadlineExceeded(f"{method} did not answer within {timeout} s")
 
 
