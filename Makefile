@@ -4,12 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test unit lint fuzz bench-all bench bench-dht bench-crdt bench-shards bench-pmtu bench-cli clean coturn nftables
+.PHONY: demo test unit lint fuzz bench-all bench bench-dht bench-crdt bench-shards bench-pmtu bench-cli clean coturn miniupnpd nftables
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
 
-test: $(STAMP) coturn nftables lint
+test: $(STAMP) coturn miniupnpd nftables lint
 	$(VENV)/bin/python -m pytest -q
 
 # The fast layer alone: no sockets, no processes, under a minute (two workers, one per core).
@@ -64,6 +64,13 @@ coturn:
 	  echo "could not install coturn: its interop test will be skipped"; }
 
 # nftables and conntrack build the NAT lab's routers in network namespaces (needs root).
+miniupnpd:
+	@command -v miniupnpd >/dev/null 2>&1 || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq miniupnpd-nftables >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq miniupnpd-nftables >/dev/null 2>&1; } || \
+	  echo "could not install miniupnpd: the UPnP/PCP gateway tests will be skipped"; }
+
 nftables:
 	@{ command -v nft && command -v conntrack; } >/dev/null 2>&1 || { \
 	  export DEBIAN_FRONTEND=noninteractive; \

@@ -20,7 +20,7 @@ import meshd
 from meshd.client.blocking import BlockingClient, run
 from meshd.control.socket import socket_path
 
-from .commands import crdt, dht, doctor, experts, learning, nat, node, shards
+from .commands import crdt, dht, doctor, experts, learning, nat, node, shards, top
 from .common import data_dir_argument, fail
 
 
@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = options(argparse.ArgumentParser(prog="meshctl", description="control a running meshd"),
                      suppress=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    for commands in (node, nat, dht, crdt, shards, learning, experts, doctor):
+    for commands in (node, nat, dht, crdt, shards, learning, experts, doctor, top):
         commands.add_parser(sub, common)
     return parser
 

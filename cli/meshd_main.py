@@ -16,6 +16,7 @@ from meshd.groups import leaves
 from meshd.identity import KEY_FILE, create_identity, load_identity
 
 from .common import data_dir_argument, fail
+from .logs import configure
 
 log = logging.getLogger("meshd")
 
@@ -46,9 +47,7 @@ async def _run(args: argparse.Namespace) -> None:
 
 def cmd_start(args: argparse.Namespace) -> None:
     config = Config.load(args.data_dir) if args.data_dir.exists() else Config()
-    level = (args.log_level or config.node.log_level).upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    logging.getLogger("quic").setLevel(logging.WARNING)
+    configure(config.log, args.log_level or config.node.log_level, format=args.log_format)
     try:
         try:
             trio.run(_run, args)
@@ -83,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     start.add_argument("--bootstrap", nargs="*", default=None, metavar="ADDR",
                        help="PEERID@HOST:PORT of peers to join through")
     start.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    start.add_argument("--log-format", choices=["text", "json"],
+                       help="one event per line as text or JSON (default from config: [log] format)")
     start.set_defaults(func=cmd_start)
     args = parser.parse_args(argv)
     try:

@@ -126,7 +126,8 @@ class DhtNode:
                  addrs: Callable[[], list[str]] = lambda: [], db: Database | None = None,
                  config: DhtConfig | None = None, server_mode: bool = True,
                  validators: Validators | None = None, wall: Callable[[], float] = time.time,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None,
+                 on_lookup: Callable[[Lookup, bool], None] | None = None):
         self.config = config = config or DhtConfig()
         self.network = network
         self.public_key = public_key
@@ -151,6 +152,8 @@ class DhtNode:
             k=config.k, provider_ttl=config.provider_ttl, wall=wall, clock=self.clock,
             heard_from=self.heard_from, is_server=lambda: self.server_mode)
         self.messages_sent = 0
+        self.unanswered = 0  # requests that got no answer: timed out, or the peer was unreachable
+        self._on_lookup = on_lookup  # told of each finished lookup and whether lookup_timeout ended it
         self._shared: dict[tuple, _Shared] = {}
         self._provided: dict[bytes, float] = {}  # key -> when to republish (trio time)
         self._failed: dict[bytes, float] = {}  # public key -> when it last failed a query
@@ -175,9 +178,11 @@ class DhtNode:
 
     def heard_from(self, contact: Contact) -> None:
         """A server-mode peer talked to us: update the table, checking the
-        liveness of an old entry if its bucket is full."""
+        liveness of an old entry if its bucket is full.  A peer that failed a
+        query and now talks to us itself (restarted) is asked again at once."""
         if contact == self.contact:
             return
+        self._failed.pop(contact.public_key, None)
         oldest = self.table.update(contact, self.clock())
         if oldest is not None and self._nursery is not None:
             self._nursery.start_soon(self._check_liveness, oldest)
@@ -196,9 +201,13 @@ class DhtNode:
         if self.server_mode:
             msg = {**msg, "from": list(self._addrs())}
         self.messages_sent += 1
-        with trio.move_on_after(self.config.request_timeout):
-            return await self.network.call(contact, method, msg)
-        raise Unreachable(f"no answer to {method} within {self.config.request_timeout} s")
+        try:
+            with trio.move_on_after(self.config.request_timeout):
+                return await self.network.call(contact, method, msg)
+            raise Unreachable(f"no answer to {method} within {self.config.request_timeout} s")
+        except Unreachable:
+            self.unanswered += 1
+            raise
 
     async def _lookup(self, target: bytes, method: str, msg: dict,
                       on_reply: Callable[[Lookup, Contact, dict], list[Contact]], *,
@@ -239,7 +248,7 @@ class DhtNode:
                 timer.cancel_scope.cancel()
             send.send_nowait(None)
 
-        with trio.move_on_after(cfg.lookup_timeout):
+        with trio.move_on_after(cfg.lookup_timeout) as budget:
             async with trio.open_nursery() as nursery:
                 while True:
                     for contact in lookup.next_queries():
@@ -250,6 +259,8 @@ class DhtNode:
                 nursery.cancel_scope.cancel()
         for contact in lookup.overdue():  # still silent when the lookup ended: ask others for a while
             self._note_failure(contact)
+        if self._on_lookup is not None:
+            self._on_lookup(lookup, budget.cancelled_caught)
         return lookup
 
     def slow_after(self) -> float:

@@ -34,6 +34,17 @@ class NodeConfig:
     services: list[str] = field(default_factory=list)
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass
+class LogConfig:
+    # "text": one readable line per event; "json": one JSON object per line
+    format: str = field(default="text", metadata={"choices": ("text", "json")})
+    # a level per subsystem (logger name) over node.log_level, e.g. {"meshd.dht" = "debug"}
+    levels: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class PeersConfig:
     bootstrap_max_backoff: float = 30.0
@@ -48,6 +59,7 @@ class CoreConfig:
     transport: TransportConfig = field(default_factory=TransportConfig)
     rpc: RpcConfig = field(default_factory=RpcConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     @classmethod
     def load(cls, data_dir: Path) -> "CoreConfig":
@@ -99,6 +111,10 @@ def _checked(value: object, default: object, name: str, source: str) -> object:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{source}: {name} must be a list of strings")
         return value
+    if expected is dict:
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise ConfigError(f"{source}: {name} must be a table of strings")
+        return value
     if type(value) is not expected:
         raise ConfigError(f"{source}: {name} must be {expected.__name__}, not {type(value).__name__}")
     return value
@@ -111,4 +127,6 @@ def _toml_value(value: object) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
     return repr(value)

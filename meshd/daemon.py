@@ -24,10 +24,11 @@ from .services.crdt import Crdt, CrdtSection
 from .services.dht import Dht, DhtSection
 from .services.experts import Experts, ExpertsSection
 from .services.learning import Learning, LearningSection
+from .services.metrics import Metrics, MetricsSection
 from .services.nat import Nat, NatSection, RelaySection
 from .services.shards import Shards, ShardsSection
 
-SERVICES = ("nat", "dht", "crdt", "shards", "learning", "experts")
+SERVICES = ("nat", "dht", "crdt", "shards", "learning", "experts", "metrics")
 NEEDS = {"crdt": ("dht",), "shards": ("dht", "crdt"), "learning": ("dht",), "experts": ("dht",)}
 
 
@@ -43,6 +44,7 @@ class Config(CoreConfig):
     shards: ShardsSection = field(default_factory=ShardsSection)
     learning: LearningSection = field(default_factory=LearningSection)
     experts: ExpertsSection = field(default_factory=ExpertsSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
 
 
 def check_services(names: Sequence[str]) -> list[str]:
@@ -60,7 +62,7 @@ def build_services(host: Node, config: Config, names: Sequence[str]) -> list[Ser
     """The services called ``names``, built in order, each given what it needs."""
     names = check_services(names)
     built: list[Service] = []
-    nat = dht = crdt = None
+    nat = dht = crdt = shards = None
     if "nat" in names:
         nat = Nat(host, config.nat, config.relay)
         built.append(nat)
@@ -73,11 +75,16 @@ def build_services(host: Node, config: Config, names: Sequence[str]) -> list[Ser
         crdt = Crdt(host, config.crdt, providers=dht.node)
         built.append(crdt)
     if "shards" in names:
-        built.append(Shards(host, config.shards, providers=dht.node, records=dht.node, documents=crdt))
+        shards = Shards(host, config.shards, providers=dht.node, records=dht.node, documents=crdt)
+        built.append(shards)
     if "learning" in names:
         built.append(Learning(host, config.learning, providers=dht.node))
     if "experts" in names:
         built.append(Experts(host, config.experts, providers=dht.node, documents=crdt))
+    if "metrics" in names:  # last: it reads the figures of those before it
+        sources = {"nat": nat, "dht": dht, "crdt": crdt, "shards": shards}
+        built.append(Metrics(host, config.metrics,
+                             sources={name: s for name, s in sources.items() if s is not None}))
     return built
 
 

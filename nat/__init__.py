@@ -11,6 +11,10 @@ Sans-IO modules (time is a ``now`` argument, randomness an injected
   client retransmission state machine; ``nat.stun_server``: the Binding answer;
 * ``nat.behaviour``: the NAT's mapping behaviour from STUN observations;
 * ``nat.natpmp``: NAT-PMP port-mapping messages (RFC 6886);
+* ``nat.pcp``: PCP MAP requests and answers (RFC 6887), epoch checks;
+* ``nat.upnp``: UPnP-IGD port mapping: SSDP, device descriptions, SOAP, over
+  ``nat.minihttp`` (the HTTP/1.1 a gateway needs) and ``nat.safexml`` (XML
+  with no DTD, bounded);
 * ``nat.autonat``: AutoNAT dial-back rules and the reachability verdict;
 * ``nat.relay``: relay reservations, circuit limits, a relay's reply checked;
 * ``nat.punch``: hole-punching method, addresses and burst schedule;

@@ -69,6 +69,12 @@ def parse_request(data: bytes) -> tuple[int, Mapping | None]:
 # --- answers (gateway) and their parsing (client) -------------------------------
 
 
+def unsupported_version_response(epoch: int, opcode: int) -> bytes:
+    """RFC 6886 section 3.5: the answer to a request of another version (a PCP
+    client's, say), which tells the client to speak NAT-PMP."""
+    return struct.pack(">BBHI", VERSION, RESPONSE | (opcode & 0x7F), UNSUPPORTED_VERSION, epoch)
+
+
 def external_address_response(epoch: int, address: str, result: int = SUCCESS) -> bytes:
     return struct.pack(">BBHI", VERSION, RESPONSE + OP_EXTERNAL_ADDRESS, result, epoch) + \
         ipaddress.IPv4Address(address).packed

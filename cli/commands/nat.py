@@ -23,7 +23,8 @@ async def cmd_nat(client: meshd.Client, args) -> object:
             table.add_row("reflexive", "- (no STUN server asked yet: meshctl nat --stun HOST:PORT)")
         table.add_row("mapping", result["mapping"] or "- (meshctl nat --discover)")
         pm = result["port_mapping"]
-        table.add_row("port mapping", f"{pm['external']} via {pm['gateway']} ({pm['lifetime']} s)" if pm else "none")
+        table.add_row("port mapping", f"{pm['external']} via {pm['gateway']} ({pm.get('protocol', '?')}, "
+                      f"{pm['lifetime']} s)" if pm else "none")
         if result["port_preserved"] is not None:
             table.add_row("port preserved", "yes" if result["port_preserved"] else "no")
         reach = result["reachability"]

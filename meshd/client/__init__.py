@@ -25,12 +25,14 @@ from .crdt import CrdtMethods, RemoteDocument, split_path
 from .dht import DhtMethods
 from .experts import ExpertsMethods
 from .learning import LearningMethods
+from .metrics import MetricsMethods
 from .nat import NatMethods
 from .node import NodeMethods
 from .shards import ShardsMethods
 
 
-class Client(NodeMethods, NatMethods, DhtMethods, CrdtMethods, ShardsMethods, LearningMethods, ExpertsMethods):
+class Client(NodeMethods, NatMethods, DhtMethods, CrdtMethods, ShardsMethods, LearningMethods, ExpertsMethods,
+             MetricsMethods):
     """Talks to a running daemon.  Get one with :func:`connect`; every method
     is one control call (see each capability's module for what they promise)."""
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterable, Awaitable, Callable, Iterable, Protocol
 
+import trio
+
 from ..identity import PeerId
 from ..streams import CallStream, StreamAborted
 from .args import to_peer
 from .client import ResponseStream, bidi_call, client_stream_call, unary_call
 from .server import RpcServer
+from .stats import OK, CallStats, CallTable, CountingStream, outcome
 
 _DEFAULT = object()
 _MAX_OPENERS = 4096
@@ -40,6 +43,13 @@ class PeerRpc:
         self.server = RpcServer(
             max_frame=config.max_frame, max_calls_per_peer=config.max_calls_per_peer
         )
+        self._observer: CallTable | None = None
+
+    def observe(self, stats: CallStats | None) -> None:
+        """From now on, count every call served in ``stats.served`` and every
+        unary and client-streaming call made in ``stats.called``; None stops counting."""
+        self.server.observer = None if stats is None else stats.served
+        self._observer = None if stats is None else stats.called
 
     def register(self, name: str, handler: Callable, *, kind: str | None = None) -> None:
         """Serve ``name``; see :class:`meshd.rpc.RpcServer.register` for handler shapes."""
@@ -72,8 +82,10 @@ class PeerRpc:
     async def call(self, peer: PeerId | str, method: str, arg: object = None, *,
                    timeout: float | None = _DEFAULT) -> object:  # type: ignore[assignment]
         """Unary call; returns the reply or raises the peer's typed RpcError."""
-        return await unary_call(self._opener(peer), method, arg, self._timeout(timeout),
-                                self._config.max_frame)
+        if self._observer is None:
+            return await unary_call(self._opener(peer), method, arg, self._timeout(timeout),
+                                    self._config.max_frame)
+        return await self._counted(unary_call, peer, method, arg, self._timeout(timeout))
 
     def stream(self, peer: PeerId | str, method: str, arg: object = None, *,
                timeout: float | None = None) -> ResponseStream:
@@ -89,5 +101,27 @@ class PeerRpc:
                             items: AsyncIterable | Iterable, *,
                             timeout: float | None = _DEFAULT) -> object:  # type: ignore[assignment]
         """Client-streaming call: send ``items``, get one reply."""
-        return await client_stream_call(self._opener(peer), method, items,
-                                        self._timeout(timeout), self._config.max_frame)
+        if self._observer is None:
+            return await client_stream_call(self._opener(peer), method, items,
+                                            self._timeout(timeout), self._config.max_frame)
+        return await self._counted(client_stream_call, peer, method, items, self._timeout(timeout))
+
+    async def _counted(self, make_call: Callable, peer: PeerId | str, method: str, arg: object,
+                       timeout: float | None) -> object:
+        """``make_call(opener, method, arg, timeout, max_frame)``, counted in the
+        observer: its time, how it ended, and the bytes of every stream it opened."""
+        table, opener, streams = self._observer, self._opener(peer), []
+
+        async def counted_opener() -> CountingStream:
+            streams.append(CountingStream(await opener()))
+            return streams[-1]
+
+        started, code = trio.current_time(), OK
+        try:
+            return await make_call(counted_opener, method, arg, timeout, self._config.max_frame)
+        except BaseException as exc:
+            code = outcome(exc)
+            raise
+        finally:
+            table.add(method, trio.current_time() - started, code,
+                      sum(s.received for s in streams), sum(s.sent for s in streams))

@@ -37,6 +37,7 @@ from .errors import (
 )
 from .channel import Channel
 from .framed import Framed
+from .stats import OK, CallTable, CountingStream, outcome
 
 log = logging.getLogger("meshd.rpc")
 
@@ -80,6 +81,7 @@ class RpcServer:
         self._explain_unknown = explain_unknown
         self._methods: dict[str, _Method] = {}
         self._active: dict[Hashable, int] = {}  # calls running, per peer
+        self.observer: CallTable | None = None  # counts each call that reached its handler, once set
 
     def register(self, name: str, handler: Callable, *, kind: str | None = None) -> None:
         """Serve ``name`` with ``handler``; the kind is inferred unless given.
@@ -109,9 +111,12 @@ class RpcServer:
         over-limit calls, deadlines and handler failures become ERROR replies;
         a peer that resets or drops the stream cancels the handler.
         """
+        observer = self.observer
+        if observer is not None:
+            stream = CountingStream(stream)
         framed = Framed(stream, self.max_frame)
         try:
-            await self._serve(framed, peer, info or {})
+            await self._serve(framed, peer, info or {}, observer)
         except StreamAborted:
             stream.abort()
         except RpcError as exc:
@@ -128,7 +133,7 @@ class RpcServer:
         except (StreamAborted, FrameError):
             framed.stream.abort()
 
-    async def _serve(self, framed: Framed, peer: Any, info: dict) -> None:
+    async def _serve(self, framed: Framed, peer: Any, info: dict, observer: CallTable | None) -> None:
         # One cancel scope serves the whole call: its deadline is first the wait
         # for the request, then the caller's deadline; a peer abort cancels it.
         ctx = None
@@ -155,11 +160,19 @@ class RpcServer:
             timeout = self.max_call_timeout
             if request.timeout is not None:
                 timeout = min(timeout, request.timeout)
-            ctx = CallContext(peer, request.method, trio.current_time() + timeout, info)
+            started = trio.current_time()
+            ctx = CallContext(peer, request.method, started + timeout, info)
             scope.deadline = ctx.deadline
             self._active[peer] = running + 1
             try:
                 await self._run(framed, method, request, ctx, scope)
+            except BaseException as exc:
+                if observer is not None:
+                    _observe(observer, framed, ctx, started, exc)
+                raise
+            else:
+                if observer is not None:
+                    _observe(observer, framed, ctx, started, None)
             finally:
                 left = self._active[peer] - 1
                 if left:
@@ -212,6 +225,20 @@ class RpcServer:
             if aclose is not None:
                 await aclose()
         await framed.write(P.END_FRAME, eof=True)
+
+
+def _observe(table: CallTable, framed: Framed, ctx: CallContext, started: float,
+             exc: BaseException | None) -> None:
+    """Count a call that reached its handler: how long it ran, how it ended, its bytes."""
+    now = trio.current_time()
+    if exc is None:
+        code = OK
+    elif isinstance(exc, trio.Cancelled) and now >= ctx.deadline:
+        code = DeadlineExceeded.code
+    else:
+        code = outcome(exc)
+    stream: CountingStream = framed.stream  # type: ignore[assignment]
+    table.add(ctx.method, now - started, code, stream.received, stream.sent)
 
 
 async def _incoming_items(framed: Framed, aborted: trio.CancelScope) -> AsyncIterator:

@@ -1,4 +1,10 @@
-"""Port mapping (NAT-PMP) through a real nftables home router in the NAT lab."""
+"""Port mapping by NAT-PMP through a real nftables home router in the NAT lab.
+
+The gateway is ``tests/support/natpmp_gateway.py``, which speaks NAT-PMP
+only: the node asks in PCP first and falls back on its "unsupported
+version" answer (RFC 6887 appendix A).  ``test_miniupnpd.py`` runs the real
+miniupnpd.
+"""
 
 import subprocess
 import sys
@@ -34,6 +40,7 @@ def test_a_home_node_maps_its_port_and_strangers_dial_it_directly(natlab, tmp_pa
     mapping = wait_until(lambda: node.meshctl("nat")["port_mapping"], 15, "a port mapping")
     assert mapping["external"] == f"{home.wan_address}:4100"
     assert mapping["gateway"] == home.router.address
+    assert mapping["protocol"] == "natpmp"  # after PCP met "unsupported version"
 
     # no relay, no punching: the stranger dials the mapped address and calls both ways
     stranger.meshctl("connect", f"{node.peer_id}@{mapping['external']}")

@@ -137,7 +137,7 @@ async def test_an_in_process_node_runs_only_the_services_it_picks(tmp_path):
     async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0", services=["dht"]) as a, \
             meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
         assert list(a.services) == ["dht"]
-        assert a.off == ("nat", "crdt", "shards", "learning", "experts")
+        assert a.off == ("nat", "crdt", "shards", "learning", "experts", "metrics")
         with pytest.raises(meshd.ServiceOff, match="the crdt service is off"):
             a.service("crdt")
         assert list(b.services) == list(meshd.SERVICES)  # every service by default, in start order

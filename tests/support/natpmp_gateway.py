@@ -2,10 +2,11 @@
 
     python tests/natpmp_gateway.py LAN_IP WAN_IP
 
-Answers RFC 6886 requests on LAN_IP:5351 and maps ports with real nftables
+Answers RFC 6886 requests on LAN_IP:5351 (and PCP requests with NAT-PMP's
+"unsupported version", as RFC 6886 section 3.5 says) and maps ports with real nftables
 DNAT rules in the router's ``natlab`` table, the way a home router's UPnP/
-NAT-PMP daemon does (miniupnpd refuses to run when the WAN address is in a
-reserved range, as the lab's is).  Prints ``ready`` once it listens.
+NAT-PMP daemon does.  A NAT-PMP-only gateway, for the PCP fallback; the real
+miniupnpd is in ``miniupnpd.py``.  Prints ``ready`` once it listens.
 """
 
 import re
@@ -33,6 +34,9 @@ def main(lan_ip: str, wan_ip: str) -> None:
     while True:
         data, (client, port) = sock.recvfrom(64)
         epoch = int(time.monotonic() - started)
+        if len(data) >= 2 and data[0] != natpmp.VERSION:  # a PCP request: tell it to speak NAT-PMP
+            sock.sendto(natpmp.unsupported_version_response(epoch, data[1]), (client, port))
+            continue
         try:
             opcode, asked = natpmp.parse_request(data)
         except natpmp.NatPmpError:

@@ -35,6 +35,7 @@ from crdt.store import Store
 from dht.network import DhtError
 from dht.ratelimit import RateLimiter
 
+from ...histogram import Histogram
 from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, RpcError, Unavailable
 from ...rpc.args import field
@@ -75,6 +76,7 @@ class Crdt:
         self._limiter = RateLimiter(config.peer_rate, config.peer_burst)
         self._nursery: trio.Nursery | None = None
         self._batch: _Batch | None = None  # writes waiting for the next group commit
+        self._lag = Histogram()  # seconds from a peer's write to its change applied here
 
     def rpc_methods(self) -> dict:
         return {"crdt.sync": Method(self._serve_sync, "bidi"), "crdt.push": self._serve_push}
@@ -84,6 +86,14 @@ class Crdt:
 
     def status(self) -> dict:
         return {"documents": len(self._replicas)}
+
+    def figures(self) -> dict:
+        """For the metrics service: documents kept, changes not yet pushed to peers, and
+        the sync lag (seconds from a change's signing time at its author to its arrival
+        here, clocks permitting; our own writes are not counted)."""
+        return {"documents": len(self._replicas),
+                "unsent_changes": sum(len(r.outbox) for r in self._replicas.values()),
+                "sync_lag_seconds": self._lag.snapshot()}
 
     def close(self) -> None:
         self.store.close()
@@ -235,7 +245,12 @@ class Crdt:
             replica.watchers.discard(watcher)
 
     def _applied(self, replica: Replica, changes: list[Change], source: PeerId | None) -> None:
-        """Tell watchers, queue pushes, and compact now and then."""
+        """Tell watchers, queue pushes, count the sync lag of a peer's changes, and
+        compact now and then."""
+        if source is not None:
+            now_ms = time.time() * 1000
+            for change in changes:
+                self._lag.observe(max(0.0, now_ms - change.time_ms) / 1000)
         for watcher in list(replica.watchers):
             for change in changes:
                 try:

@@ -20,10 +20,12 @@ from typing import Protocol
 import trio
 
 from dht.ids import Contact
+from dht.lookup import Lookup
 from dht.network import METHODS, DhtError, RateLimited, Refused, Unreachable
 from dht.node import DhtNode
 from dht.storage import Database
 
+from ...histogram import Histogram
 from ...identity import PeerId
 from ...rpc import (Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, RpcError,
                     Unavailable)
@@ -36,6 +38,7 @@ log = logging.getLogger("meshd.dht")
 DB_FILE = "dht.sqlite"
 AUTONAT_WAIT = 120.0  # seconds "auto" mode waits for a first AutoNAT verdict before joining
 _UNREACHABLE = (Unavailable, DeadlineExceeded, Cancelled)
+HOP_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20)
 
 
 class RpcNetwork:
@@ -95,9 +98,11 @@ class Dht:
         self._wait_for_verdict = wait_for_verdict
         lib_config = config.dht_config()
         self.db = Database(host.data_dir / DB_FILE)
+        self._hops = Histogram(HOP_BUCKETS)
+        self._lookup_timeouts = 0
         self.node = DhtNode(RpcNetwork(host, lib_config.request_timeout), host.peer_id.key, host.identity.sign,
                             addrs=host.advertised_addresses, db=self.db, config=lib_config,
-                            server_mode=self._wants_server())
+                            server_mode=self._wants_server(), on_lookup=self._lookup_done)
         host.add_lookup(self._addresses_of)
 
     def rpc_methods(self) -> dict:
@@ -110,6 +115,18 @@ class Dht:
         info = self.node.routing_info()
         return {"mode": info["mode"], "contacts": info["size"], "records": info["records"],
                 "providing": info["providing"]}
+
+    def figures(self) -> dict:
+        """For the metrics service: the table's and stores' sizes, lookups (with the
+        hops each took), lookups ended by ``lookup_timeout``, queries that got no answer."""
+        return {"contacts": len(self.node.table), "records": len(self.node.records),
+                "lookups_total": self._hops.count, "lookup_hops": self._hops.snapshot(),
+                "lookup_timeouts_total": self._lookup_timeouts,
+                "unanswered_queries_total": self.node.unanswered}
+
+    def _lookup_done(self, lookup: Lookup, timed_out: bool) -> None:
+        self._hops.observe(lookup.hops())
+        self._lookup_timeouts += timed_out
 
     def close(self) -> None:
         self.db.close()

@@ -4,7 +4,7 @@
 whether strangers can reach us; ``relay`` carries QUIC for NATed peers;
 ``punch`` and ``portprobe`` find a direct path over a relayed one (with our
 ``interfaces``' addresses as host candidates); ``portmap`` asks the home
-gateway for a port (NAT-PMP); ``lan`` finds peers on the LAN by multicast
+gateway for a port (PCP, NAT-PMP or UPnP-IGD: ``pcp``, ``upnp``); ``lan`` finds peers on the LAN by multicast
 beacons.  :class:`Nat` ties them to the node.
 """
 

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 class NatSection:
     stun_servers: list[str] = field(default_factory=list)  # HOST:PORT, asked at start
     hole_punching: bool = True  # after a relayed connection, try for a direct one
-    port_mapping: bool = True  # NAT-PMP on the default gateway, when listening on 0.0.0.0
+    port_mapping: bool = True  # ask the default gateway for a port, when listening on 0.0.0.0
+    # tried in this order; "pcp" falls back to "natpmp" (same port) when both are listed
+    port_mapping_protocols: list[str] = field(default_factory=lambda: ["pcp", "natpmp", "upnp"])
+    port_mapping_lifetime: int = 7200  # seconds asked for; renewed at half what the gateway grants
     host_candidates: bool = True  # offer our interface addresses when punching (peers at one site)
     lan_discovery: bool = True  # multicast beacons on private-network interfaces: find LAN peers
     lan_interval: float = 30.0  # seconds between LAN beacons after the first few

@@ -1,28 +1,36 @@
-"""Port mapping on the home gateway with NAT-PMP (RFC 6886).
+"""Port mapping on the home gateway: PCP, NAT-PMP and UPnP-IGD.
 
 When the node listens on a wildcard address and has a default IPv4 gateway,
-it asks the gateway to forward a public port to its UDP port, renews the
-mapping at half its lifetime, and deletes it on shutdown.  The mapped address
-is offered to peers first when they try for a direct path.  A gateway that
-does not answer (or answers port unreachable) means no mapping, quickly.
+it asks the gateway to forward a public port to its UDP port by the first
+protocol that works, in the configured order (``[nat]
+port_mapping_protocols``, default PCP, falling back to NAT-PMP on the same
+port, then UPnP-IGD).  It renews the mapping at half the lifetime granted,
+deletes it on shutdown, and offers the mapped address to peers first when
+they try for a direct path.  A mapping lost at renewal (the gateway forgot
+it, or stopped answering) is looked for again once, a minute later.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Sequence
 
 import trio
 
-from nat import natpmp
-
 from ...address import HostPort
+from ...config import ConfigError
 from ...transport import Endpoint
+from .mapping import Lease, MappingClient, PortMapError, check_external
+from .pcp import PcpClient
+from .upnp import UpnpClient
 
 log = logging.getLogger("meshd.portmap")
 
+PROTOCOLS = ("pcp", "natpmp", "upnp")
 LIFETIME = 7200
-TRIES = 4  # 0.25 + 0.5 + 1 + 2 s, RFC 6886's schedule cut short
+RETRY_AFTER = 60.0  # seconds between losing a mapping and looking for one again
+DELETE_SECONDS = 2.0  # at most this long deleting the mapping on shutdown
 ROUTE_TABLE = "/proc/net/route"
 
 
@@ -40,62 +48,103 @@ def default_gateway(route_table: str = ROUTE_TABLE) -> str | None:
     return None
 
 
-class PortMapper:
-    """Keeps one NAT-PMP mapping for the endpoint's UDP port while it runs."""
+def renew_in(granted: int, asked: int) -> float:
+    """Seconds until a mapping granted for ``granted`` s is renewed: half of it
+    (at least 1 s); a permanent one (0) is refreshed at half of ``asked``."""
+    return max((granted or asked) / 2, 1.0)
 
-    def __init__(self, endpoint: Endpoint):
+
+class PortMapper:
+    """Keeps one mapping of the endpoint's UDP port on the default gateway while it runs."""
+
+    def __init__(self, endpoint: Endpoint, protocols: Sequence[str] = PROTOCOLS, lifetime: int = LIFETIME):
+        unknown = [p for p in protocols if p not in PROTOCOLS]
+        if unknown or not protocols:
+            raise ConfigError(f"nat.port_mapping_protocols: choose from {', '.join(PROTOCOLS)}, "
+                              f"not {protocols!r}")
+        if not 1 <= lifetime <= 2**31 - 1:
+            raise ConfigError(f"nat.port_mapping_lifetime must be 1 s or more, not {lifetime}")
         self._endpoint = endpoint
+        self._protocols = list(dict.fromkeys(protocols))
+        self._lifetime = lifetime
         self.gateway: str | None = None
         self.mapped: HostPort | None = None
         self.lifetime = 0
+        self.protocol: str | None = None
 
     def status(self) -> dict | None:
         if self.mapped is None:
             return None
-        return {"gateway": self.gateway, "external": str(self.mapped), "lifetime": self.lifetime}
+        return {"gateway": self.gateway, "external": str(self.mapped), "lifetime": self.lifetime,
+                "protocol": self.protocol}
 
     async def run(self) -> None:
         """Map, renew until cancelled, then delete the mapping (shielded, bounded)."""
         self.gateway = default_gateway()
         if self.gateway is None:
             return
-        port = self._endpoint.local_address[1]
+        held = None
         try:
             while True:
-                try:
-                    external = natpmp.parse_external_address(await self._ask(natpmp.external_address_request()))
-                    granted = natpmp.parse_map_udp(
-                        await self._ask(natpmp.map_udp_request(port, port, LIFETIME)))
-                except natpmp.NatPmpError as exc:
-                    log.info("no port mapping from %s: %s", self.gateway, exc)
-                    self.mapped = None
+                held, lease = await self._first_mapping()
+                if held is None:
                     return
-                self.mapped, self.lifetime = HostPort(external, granted.external_port), granted.lifetime
-                log.info("gateway %s maps %s to our port %d for %d s", self.gateway, self.mapped, port,
-                         granted.lifetime)
-                await trio.sleep(max(granted.lifetime / 2, 1))
-        finally:
-            if self.mapped is not None:
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    try:
-                        await self._ask(natpmp.map_udp_request(port, 0, 0))
-                        log.info("deleted the port mapping at %s", self.gateway)
-                    except natpmp.NatPmpError:
-                        pass
+                await self._keep(held, lease)
                 self.mapped = None
+                await trio.sleep(RETRY_AFTER)
+        finally:
+            if held is not None and self.mapped is not None:
+                await self._delete(held)
+            self.mapped = None
 
-    async def _ask(self, request: bytes) -> bytes:
-        """Send ``request`` to the gateway with retransmission; its answer, or NatPmpError."""
-        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        with sock:
-            await sock.connect((self.gateway, natpmp.PORT))
-            wait = 0.25
-            for _ in range(TRIES):
-                await sock.send(request)
-                with trio.move_on_after(wait):
-                    try:
-                        return await sock.recv(64)
-                    except ConnectionRefusedError:
-                        raise natpmp.NatPmpError("the gateway runs no NAT-PMP service") from None
-                wait *= 2
-        raise natpmp.NatPmpError(f"no NAT-PMP answer from {self.gateway}")
+    def _clients(self) -> list[MappingClient]:
+        """One client per protocol in the configured order (PCP and NAT-PMP share one)."""
+        port = self._endpoint.local_address[1]
+        clients: list[MappingClient] = []
+        for name in self._protocols:
+            if name == "upnp":
+                clients.append(UpnpClient(self.gateway, port))
+            elif not any(isinstance(c, PcpClient) for c in clients):
+                clients.append(PcpClient(self.gateway, port, use_pcp="pcp" in self._protocols,
+                                         use_natpmp="natpmp" in self._protocols))
+        return clients
+
+    async def _first_mapping(self) -> tuple[MappingClient | None, Lease | None]:
+        """The first client that maps our port to a public address, and its lease."""
+        for client in self._clients():
+            try:
+                lease = await client.map(self._lifetime)
+            except PortMapError as exc:
+                log.info("no port mapping from %s by %s: %s", self.gateway, client.name, exc)
+                continue
+            try:
+                check_external(lease.external.host)
+            except PortMapError as exc:
+                log.info("port mapping by %s not used: %s", client.name, exc)
+                await self._delete(client)
+                continue
+            return client, lease
+        return None, None
+
+    async def _keep(self, client: MappingClient, lease: Lease) -> None:
+        """Hold the mapping, renewing it; returns when a renewal fails."""
+        port = self._endpoint.local_address[1]
+        while True:
+            if lease.external != self.mapped or client.name != self.protocol:
+                log.info("gateway %s maps %s to our port %d by %s", self.gateway, lease.external, port,
+                         client.name)
+            self.mapped, self.lifetime, self.protocol = lease.external, lease.lifetime, client.name
+            await trio.sleep(renew_in(lease.lifetime, self._lifetime))
+            try:
+                lease = await client.map(self._lifetime)
+            except PortMapError as exc:
+                log.info("lost the port mapping %s (%s): %s", self.mapped, client.name, exc)
+                return
+
+    async def _delete(self, client: MappingClient) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(DELETE_SECONDS):
+            try:
+                await client.unmap()
+                log.info("deleted the port mapping at %s (%s)", self.gateway, client.name)
+            except PortMapError as exc:
+                log.info("could not delete the port mapping at %s: %s", self.gateway, exc)

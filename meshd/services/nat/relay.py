@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import trio
 
-from nat.relay import ByteBudget, HeldReservations, RelayLimits, Reservations, parse_limits
+from nat.relay import ByteBudget, Circuit, HeldReservations, RelayLimits, Reservations, parse_limits
 
 from ...identity import PeerId
 from ...rpc import Channel, PermissionDenied, Unavailable
@@ -55,6 +55,9 @@ class Relay:
         self.config = config
         self.reservations = Reservations(relay_limits(config))  # held here, as a relay
         self.reserved_at = HeldReservations()  # relays holding ours (trio clock)
+        self._circuits: set[Circuit] = set()  # open here, as a relay
+        self._circuits_total = 0
+        self._closed_bytes = 0  # carried by circuits closed since start
 
     def rpc_methods(self) -> dict:
         return {"relay.reserve": self._serve_reserve,
@@ -86,6 +89,13 @@ class Relay:
             "reserved_at": self.reserved_at.status(now),
         }
 
+    def figures(self) -> dict:
+        """For the metrics service, as a relay: reservations held here, circuits open
+        and opened since start, bytes carried (both ways, open circuits included)."""
+        carried = self._closed_bytes + sum(c.budget.carried for c in self._circuits)
+        return {"relay_reservations": len(self.reservations), "relay_circuits": len(self._circuits),
+                "relay_circuits_opened_total": self._circuits_total, "relay_bytes_total": carried}
+
     # --- relay -----------------------------------------------------------------
 
     async def _serve_reserve(self, arg: object, ctx) -> dict:
@@ -97,11 +107,17 @@ class Relay:
         with rpc_errors():
             circuit = self.reservations.open_circuit(
                 target, trio.current_time(), connected=self._node.live(target) is not None)
-        with circuit:
-            async with self._node.rpc.bidi(target, "relay.incoming", {"peer": str(ctx.peer)}) as out:
-                await channel.send(_OPEN)  # the dialer starts tunnelling only after this
-                with trio.move_on_after(circuit.seconds):
-                    await _splice(channel, out, circuit.budget)
+        self._circuits.add(circuit)
+        self._circuits_total += 1
+        try:
+            with circuit:
+                async with self._node.rpc.bidi(target, "relay.incoming", {"peer": str(ctx.peer)}) as out:
+                    await channel.send(_OPEN)  # the dialer starts tunnelling only after this
+                    with trio.move_on_after(circuit.seconds):
+                        await _splice(channel, out, circuit.budget)
+        finally:
+            self._circuits.discard(circuit)
+            self._closed_bytes += circuit.budget.carried
 
     # --- target: accept a circuit ---------------------------------------------
 

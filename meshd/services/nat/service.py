@@ -49,7 +49,7 @@ class Nat:
         self.stun = NodeStun(host.endpoint)
         self.autonat = AutoNat(host, self.stun)
         self.relay = Relay(host, relay)
-        self.portmap = PortMapper(host.endpoint)
+        self.portmap = PortMapper(host.endpoint, config.port_mapping_protocols, config.port_mapping_lifetime)
         self.puncher = HolePuncher(host, self.stun, self.portmap, self.stun_servers,
                                    offer_local=config.host_candidates)
         self.lan = LanDiscovery(host, config.lan_interval)
@@ -87,13 +87,17 @@ class Nat:
                 "relay_reservations": len(self.relay.status()["reserved_at"]),
                 "serving_reservations": len(self.relay.reservations)}
 
+    def figures(self) -> dict:
+        """For the metrics service: the relay's reservations, circuits and bytes."""
+        return self.relay.figures()
+
     def close(self) -> None:
         pass
 
     # --- what the node asks of us ----------------------------------------------------
 
     def _addresses(self) -> list[HostPort]:
-        """Where strangers may dial us: the NAT-PMP mapping, the public addresses
+        """Where strangers may dial us: the gateway's port mapping, the public addresses
         STUN saw when our NAT's mapping does not depend on the destination, and
         the address an AutoNAT dial-back reached."""
         found = [self.portmap.mapped] if self.portmap.mapped is not None else []

@@ -130,6 +130,14 @@ class Shards:
     def status(self) -> dict:
         return {"models": len(self.manifests()), "fetching": len(self.fetches)}
 
+    def figures(self) -> dict:
+        """For the metrics service: fetches not yet whole, the bytes they have and
+        need, and the bytes every fetch since start received."""
+        going = [p for p in self.fetches.values() if p.have_bytes < p.total_bytes]
+        return {"fetches": len(going), "fetch_have_bytes": sum(p.have_bytes for p in going),
+                "fetch_total_bytes": sum(p.total_bytes for p in going),
+                "fetched_bytes_total": sum(p.fetched_bytes for p in self.fetches.values())}
+
     def close(self) -> None:
         self.store.close()
         self.names.owners.close()

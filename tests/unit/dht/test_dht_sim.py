@@ -332,3 +332,29 @@ async def test_a_node_that_failed_a_query_is_left_out_of_later_lookups(small):
         net.dead.clear()
     assert net.calls[dead_key] == 1  # not asked again
     assert dead_key not in {c.public_key for c in found}
+
+
+async def test_a_node_that_failed_is_asked_again_once_it_talks_to_us(small):
+    """A node that was down and is back (a daemon SIGKILLed and restarted) is asked
+    again as soon as it sends us a request itself: hearing from it directly is proof
+    it lives, unlike third parties naming it (found by the chaos soak, docs/soak.md)."""
+    net, nodes = small
+    target = key_id(b"near a restarted node")
+    seeker = nodes[30]
+    [back_key] = true_closest(nodes, target, 1, seeker)
+    back = net.nodes[back_key]
+    net.dead.add(back_key)
+    try:
+        async with trio.open_nursery() as nursery:
+            for node in nodes:
+                node.start(nursery)
+            await seeker.find_node(target)
+            assert not seeker._usable(back.own_contact())  # overdue: left out from now on
+            net.dead.discard(back_key)
+            await back.bootstrap([seeker.own_contact()])  # it is back, and asks the seeker
+            assert seeker._usable(back.own_contact())
+            found = await seeker.find_node(target)
+            nursery.cancel_scope.cancel()
+    finally:
+        net.dead.clear()
+    assert found[0].public_key == back_key
