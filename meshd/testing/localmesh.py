@@ -85,6 +85,11 @@ class Daemon:
     def peer_id(self) -> str:
         return str(self.address.peer_id)
 
+    @property
+    def dial_address(self) -> str:
+        """``PEERID@HOST:PORT`` for other daemons' bootstrap lists (a lab daemon's says its namespace's host)."""
+        return str(self.address)
+
     def meshctl(self, *args: str, timeout: float = 30.0) -> object:
         """Run ``meshctl --json ARGS`` against this daemon and return the parsed JSON."""
         out = self.meshctl_raw("--json", *args, timeout=timeout)
