@@ -70,6 +70,7 @@ class TransportConfig:
     stream_window: int = 4 << 20
     connection_window: int = 16 << 20
     max_connections: int = 256
+    ack_with_data: bool = True  # ACKs ride on data or go every 2nd packet (False: each at once, alone)
     retry_above: int = 16  # handshakes in progress beyond which a new dialer must first prove its address (Retry)
     close_idle_after: float = 120.0  # close a connection without streams this long (0: never)
 
@@ -257,7 +258,10 @@ class Endpoint:
     def _new_quic(self, is_client: bool, addr: tuple, **kwargs) -> MeshQuicConnection:
         """A QUIC state machine for a path to ``addr`` (big datagrams on loopback and relays)."""
         size = self._fixed_size(addr) or self.config.max_datagram_size
-        return MeshQuicConnection(configuration=self._quic_config(is_client, size), **kwargs)
+        quic = MeshQuicConnection(configuration=self._quic_config(is_client, size), **kwargs)
+        if not self.config.ack_with_data:
+            quic.ack_at_once()
+        return quic
 
     def _fixed_size(self, addr: tuple) -> int:
         """The datagram size fixed for ``addr``'s kind of path, or 0 (search it).

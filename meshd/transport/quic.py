@@ -117,6 +117,7 @@ class MeshQuicConnection(QuicConnection):
         super().__init__(*args, **kwargs)
         self._ack_delay = ACK_DELAY
         self._unacked = 0  # packets received since our last ACK (datagrams, as a proxy)
+        self._ack_with_data = True
         # The same loss recovery aioquic builds, plus what the path-MTU search needs to hear.
         config = self._configuration
         self._loss = _PmtuRecovery(
@@ -259,10 +260,16 @@ class MeshQuicConnection(QuicConnection):
     # every second packet received (bulk senders hear often), or alone after the
     # delay: one packet each way per call.
 
+    def ack_at_once(self) -> None:
+        """Send every ACK alone as soon as what it acknowledges is processed (the
+        policy before ACKs rode on data: more datagrams, an earlier wake-up)."""
+        self._ack_delay = 0.0
+        self._ack_with_data = False
+
     def receive_datagram(self, data: bytes, addr, now: float) -> None:
         super().receive_datagram(data, addr, now)
         space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
-        if space is not None and space.ack_at is not None:
+        if self._ack_with_data and space is not None and space.ack_at is not None:
             self._unacked += 1
             if self._unacked >= 2:
                 space.ack_at = now
@@ -270,7 +277,7 @@ class MeshQuicConnection(QuicConnection):
     def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
         super().send_stream_data(stream_id, data, end_stream)
         space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
-        if space is not None and space.ack_at is not None:
+        if self._ack_with_data and space is not None and space.ack_at is not None:
             space.ack_at = 0.0  # due now: it goes in the packet carrying this data
 
     def datagrams_to_send(self, now: float) -> list:

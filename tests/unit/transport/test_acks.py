@@ -43,3 +43,19 @@ def test_a_bulk_receiver_acknowledges_every_second_packet_at_once():
         received = len(link.sent["client"]) - before["client"]
         if received >= 2:  # an ACK of them left in the same step, not a millisecond later
             assert len(link.sent["server"]) > before["server"]
+
+
+def test_with_acks_at_once_the_server_acknowledges_each_request_before_its_reply():
+    link = quiet_link()
+    for conn in (link.client, link.server):
+        conn.ack_at_once()
+    sent = {name: len(datagrams) for name, datagrams in link.sent.items()}
+    for _ in range(10):
+        stream = link.client.get_next_available_stream_id()
+        link.client.send_stream_data(stream, b"q" * 128, end_stream=True)
+        link.step(0.0001)  # the request arrives and is acknowledged at once, alone
+        link.server.send_stream_data(stream, b"r" * 128, end_stream=True)
+        link.step(0.0001)
+    # the server: an ACK alone, then the reply (the client's ACK of a reply leaves with the
+    # next request here, as this link lets each side send once per step)
+    assert len(link.sent["server"]) - sent["server"] == 20
