@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test unit lint fuzz bench-all bench bench-dht bench-crdt bench-shards bench-pmtu bench-cli clean coturn miniupnpd nftables
+.PHONY: demo test unit lint fuzz bench-all bench bench-dht bench-crdt bench-shards bench-pmtu bench-cli soak clean coturn miniupnpd nftables
 
 demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
@@ -25,6 +25,10 @@ FUZZ_SECONDS ?= 60
 fuzz: $(STAMP)
 	$(VENV)/bin/pip install -q atheris==3.0.0
 	$(VENV)/bin/python tests/fuzz/run.py all --seconds $(FUZZ_SECONDS)
+
+# The chaos soak: 30 daemons on loopback and 5 in the NAT lab (root), SIGKILLs and cut links, then checks.
+soak: $(STAMP)
+	$(VENV)/bin/python benchmarks/soak.py $(SOAK_ARGS)
 
 # Every benchmark, one after another, into docs/benchmarks.md with plots (about an hour; --quick: minutes).
 bench-all: $(STAMP)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import trio
 
+from ..streams import StreamAborted
 from . import protocol as P
 from .errors import ProtocolViolation
-from .framed import Framed
+from .framed import Framed, connection_lost
 
 
 class Channel:
@@ -26,16 +27,26 @@ class Channel:
         self.ended = False  # our direction is over
 
     async def send(self, item: object) -> None:
-        """Send one item; StreamAborted/FrameError if the stream is gone or it is too large."""
+        """Send one item; FrameTooLarge if it is too large.  A lost stream raises
+        Unavailable on the caller's side (as every lost call does), StreamAborted
+        on the server's."""
         if self.ended:
             raise trio.ClosedResourceError("this side of the channel has ended")
-        await self._framed.write([P.ITEM, item])
+        await self._write([P.ITEM, item])
 
     async def end(self) -> None:
         """End our direction (the peer's ``receive`` raises EndOfChannel after our items)."""
         if not self.ended:
             self.ended = True
-            await self._framed.write(P.END_FRAME, eof=True)
+            await self._write(P.END_FRAME, eof=True)
+
+    async def _write(self, frame: object, eof: bool = False) -> None:
+        try:
+            await self._framed.write(frame, eof=eof)
+        except StreamAborted as exc:
+            if not self._caller:
+                raise
+            raise connection_lost(exc) from None
 
     async def receive(self) -> object:
         """The peer's next item; trio.EndOfChannel once it has ended its direction.

@@ -13,6 +13,7 @@ from meshd.rpc import (
     ResourceExhausted,
     ResponseStream,
     RpcServer,
+    Unavailable,
     UnknownMethod,
     bidi_call,
     client_stream_call,
@@ -269,3 +270,21 @@ async def test_leaving_a_bidi_call_early_cancels_the_handler(rpc):
             raise KeyError("caller gives up")
     with trio.fail_after(5):
         await stuck.cancelled.wait()
+
+
+async def test_a_bidi_caller_whose_stream_is_lost_gets_unavailable_when_sending():
+    """The peer died (or stopped reading) mid-call: ``send`` raises Unavailable, an
+    RpcError as for every lost call, not the transport's StreamAborted, which got
+    past a document sync's ``except RpcError`` and ended the daemon (the chaos soak,
+    docs/soak.md)."""
+    server_ends = []
+
+    async def open_stream():
+        client, server = memory_call_stream_pair()
+        server_ends.append(server)
+        return client
+
+    with pytest.raises(Unavailable, match="connection lost"):
+        async with bidi_call(open_stream, "sync", None, 5, MAX) as channel:
+            server_ends[0].abort()
+            await channel.send("item")
