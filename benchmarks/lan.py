@@ -190,18 +190,12 @@ def main() -> int:
 
 
 def drive(args) -> int:
-    from natlab import netns_unavailable_reason
     from rich.console import Console
     from rich.table import Table
 
-    from benchmarks.parts import log, run_parts, save_json, stop_on_sigterm
+    from benchmarks.parts import lab_run_start, log, run_parts, save_json
 
-    reason = netns_unavailable_reason()
-    if reason is not None:
-        raise SystemExit(f"the NAT lab cannot run here: {reason}")
-    stop_on_sigterm()
-    t0, load0 = time.perf_counter(), os.getloadavg()
-    results: dict = {"cpus": os.cpu_count(), "args": vars(args), "load_before": load0}
+    t0, load0, results = lab_run_start(args)
     rows, rc = run_parts([("site", lambda: lan_rows(args.mib * MiB, args.runs, results))], "",
                          lambda name, message: {"what": "FAILED", "note": message},
                          {"what": "interrupted"})

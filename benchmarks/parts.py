@@ -59,6 +59,19 @@ def run_parts(parts: list[tuple[str, Callable[[], list]]], skip: str,
     return rows, rc
 
 
+def lab_run_start(args) -> tuple[float, tuple, dict]:
+    """Start a NAT-lab benchmark: exit in one line if the lab cannot run here, stop
+    cleanly on SIGTERM; the start time, the load average, and the results so far."""
+    from natlab import netns_unavailable_reason
+
+    reason = netns_unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"the NAT lab cannot run here: {reason}")
+    stop_on_sigterm()
+    load = os.getloadavg()
+    return time.perf_counter(), load, {"cpus": os.cpu_count(), "args": vars(args), "load_before": load}
+
+
 def span(values: list[float]) -> str:
     """``LOW-HIGH`` of several runs' values (empty for one run)."""
     return f"{min(values):,.1f}-{max(values):,.1f}" if len(values) > 1 else ""

@@ -227,21 +227,15 @@ def main() -> int:
 
 
 def drive(args) -> int:
-    from natlab import netns_unavailable_reason
     from rich.console import Console
     from rich.table import Table
 
-    from benchmarks.parts import log, run_parts, save_json, stop_on_sigterm
+    from benchmarks.parts import lab_run_start, log, run_parts, save_json
 
-    reason = netns_unavailable_reason()
-    if reason is not None:
-        raise SystemExit(f"the NAT lab cannot run here: {reason}")
-    stop_on_sigterm()
+    t0, load0, results = lab_run_start(args)
     skip = {s for s in args.skip.split(",") if s}
     if unknown := skip - {"tcp"}:
         raise SystemExit(f"--skip: unknown part(s) {', '.join(sorted(unknown))}")
-    t0, load0 = time.perf_counter(), os.getloadavg()
-    results: dict = {"cpus": os.cpu_count(), "args": vars(args), "load_before": load0}
     parts = [(f"mtu {m}", lambda m=int(m): mtu_rows(m, args.mib * MiB, args.runs, skip, results))
              for m in args.mtus.split(",")]
     rows, rc = run_parts(parts, "",
