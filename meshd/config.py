@@ -63,14 +63,18 @@ class CoreConfig:
 
     @classmethod
     def load(cls, data_dir: Path) -> "CoreConfig":
-        """The config in ``data_dir`` (defaults for whatever it leaves out)."""
+        """The config in ``data_dir`` (defaults for whatever it leaves out).
+
+        ConfigError names the file and the fix if it is not TOML, and the key
+        if one is unknown or of the wrong type."""
         path = data_dir / CONFIG_FILE
         config = cls()
         if path.exists():
             try:
                 raw = tomllib.loads(path.read_text())
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigError(f"{path}: {exc}") from None
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{path} is not valid TOML: {exc}; fix it, "
+                                  "or move it aside to start with the defaults") from None
             config.update(raw, source=str(path))
         return config
 

@@ -147,8 +147,13 @@ def create_identity(data_dir: Path) -> Identity:
     return identity
 
 
+_DAMAGED_KEY_FIX = "restore the key from a backup, or move it aside to start as a new identity (a new peer id)"
+
+
 def load_identity(data_dir: Path) -> Identity:
-    """Read ``data_dir/identity.key``, refusing a key that others can read."""
+    """Read ``data_dir/identity.key``, refusing a key that others can read.
+
+    Each IdentityError says what is wrong with the file and what to do about it."""
     path = data_dir / KEY_FILE
     try:
         mode = path.stat().st_mode
@@ -161,10 +166,13 @@ def load_identity(data_dir: Path) -> Identity:
         )
     try:
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except ValueError as exc:
-        raise IdentityError(f"{path} is not a PEM private key: {exc}") from None
+    except ValueError:  # cryptography's words point at its FAQ, not at what to do
+        raise IdentityError(f"{path} is not a PEM private key (damaged?); {_DAMAGED_KEY_FIX}") from None
+    except TypeError:  # a key sealed with a password: the daemon starts unattended and has none
+        raise IdentityError(f"{path} is encrypted with a password; meshd needs it unencrypted "
+                            "(decrypt it with openssl pkey), or move it aside to start as a new identity") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise IdentityError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
+        raise IdentityError(f"{path} holds a {type(key).__name__}, not an Ed25519 key; {_DAMAGED_KEY_FIX}")
     return Identity(key)
 
 

@@ -428,6 +428,7 @@ class Node:
             "uptime_s": round(trio.current_time() - self.started_at, 1),
             "connections": len(self._conns),
             "known_peers": len(self.peerstore.all()),
+            "bootstrap": [str(addr) for addr in self.bootstrap if addr.peer_id != self.peer_id],
             "services": self.rpc.server.methods,
             "data_dir": str(self.data_dir),
             "transport": dict(self.endpoint.stats),

@@ -2,9 +2,9 @@
 
 Like ``tailscale netcheck``: each check says ok, warn or FAIL, what it saw,
 and what to do.  The checks are plain functions of what the daemon reports
-(status, peers, NAT, the peers' clocks) and of the data folder, so they are
-tested without a daemon; the command gathers those facts and prints.  It
-exits 1 if any check failed.
+(status, peers, NAT, dials to the bootstrap peers, the peers' clocks) and of
+the data folder, so they are tested without a daemon; the command gathers
+those facts and prints.  It exits 1 if any check failed.
 """
 
 from __future__ import annotations
@@ -50,6 +50,26 @@ def check_peers(status: dict, peers: list[dict]) -> Check:
     return Check("peers", "ok", detail)
 
 
+def check_bootstrap(dials: dict[str, str | None], paths: dict[str, str]) -> list[Check]:
+    """A line per configured bootstrap peer: connected (and by which path), or why
+    the daemon could not dial it.  ``dials`` maps each ``PEERID@HOST:PORT`` to its
+    dial's error (None: connected); ``paths`` maps connected peer ids to their path.
+    One that cannot be reached fails if none can, and warns if another one can."""
+    if not dials:
+        return [Check("bootstrap", "ok", "none configured")]
+    any_reached = None in dials.values()
+    checks = []
+    for addr, error in dials.items():
+        peer, _, hostport = addr.partition("@")
+        shown = f"{peer[:10]}...@{hostport}"
+        if error is None:
+            checks.append(Check("bootstrap", "ok", f"{shown} connected ({paths.get(peer, '?')})"))
+        else:
+            checks.append(Check("bootstrap", "warn" if any_reached else "fail", f"{shown} unreachable: {error}",
+                                f"is meshd running at {hostport} with that peer id, and does UDP reach it from here?"))
+    return checks
+
+
 def check_reachability(nat: dict) -> Check:
     """Can strangers dial us: public, through a relay, or not at all?"""
     reach, mapping = nat.get("reachability", "unknown"), nat.get("mapping")
@@ -72,10 +92,36 @@ def check_port_mapping(nat: dict) -> Check:
         return Check("port mapping", "ok", f"{mapped['external']} via {mapped['gateway']}")
     if nat.get("reachability") == "public":
         return Check("port mapping", "ok", "none needed: public")
-    if nat.get("listen", "").startswith(("127.", "[::1]")):
+    if _loopback(nat.get("listen", "")):
         return Check("port mapping", "ok", "none needed: listening on loopback only")
     return Check("port mapping", "warn", "the router mapped no port",
                  "enable NAT-PMP/PCP/UPnP on the router, or forward the UDP listen port by hand")
+
+
+def check_ports(status: dict) -> Check:
+    """The sockets peers dial are bound: the UDP listen port (QUIC) and each service's
+    TCP bulk lane (its status's ``lane``: the port, None until it listens, or "off")."""
+    listen = status["listen"]
+    host = listen.rpartition(":")[0]
+    bound, unbound = [f"UDP {listen} (QUIC)"], []
+    for name, value in status.items():
+        lane = value.get("lane", "off") if isinstance(value, dict) else "off"
+        if lane is None:
+            unbound.append(f"{name} lane")
+        elif lane != "off":
+            bound.append(f"TCP {host}:{lane} ({name} lane)")
+    detail = ", ".join(bound)
+    if unbound:
+        return Check("ports", "fail", f"not listening: {', '.join(unbound)} (bound: {detail})",
+                     "run doctor again once meshd has finished starting; if this stays, see its log (meshd.lane)")
+    if _loopback(listen):
+        return Check("ports", "warn", f"{detail}: loopback only",
+                     'other machines cannot dial in: [node] listen = "0.0.0.0:4100" (or --listen) and restart')
+    return Check("ports", "ok", detail)
+
+
+def _loopback(listen: str) -> bool:
+    return listen.startswith(("127.", "[::1]"))
 
 
 def check_clock(skews: dict[str, float]) -> Check:
@@ -108,6 +154,19 @@ def check_private(data_dir: Path) -> Check:
     return Check("data folder", "ok", f"{data_dir} is private ({mode:o})")
 
 
+async def _dial_bootstrap(client: meshd.Client, addrs: list[str]) -> dict[str, str | None]:
+    """Have the daemon dial each bootstrap address (a live connection is reused):
+    None for each it is connected to afterwards, else the dial's error."""
+    dials: dict[str, str | None] = {}
+    for addr in addrs:
+        try:
+            await client.connect(addr)
+            dials[addr] = None
+        except meshd.RpcError as exc:
+            dials[addr] = str(exc)
+    return dials
+
+
 async def _clock_skews(client: meshd.Client, peers: list[dict]) -> dict[str, float]:
     skews = {}
     for row in peers[:CLOCK_PEERS]:
@@ -123,11 +182,15 @@ async def _clock_skews(client: meshd.Client, peers: list[dict]) -> dict[str, flo
 
 
 async def cmd_doctor(client: meshd.Client, args) -> object:
-    status, peers = await client.status(), await client.peers()
+    status = await client.status()
+    dials = await _dial_bootstrap(client, status["bootstrap"])
+    peers = await client.peers()  # after the dials: with the bootstrap peers they reached
     nat = await client.nat(discover=bool(peers), autonat=bool(peers))
     data_dir = Path(status.get("data_dir") or args.data_dir)
+    paths = {row["peer_id"]: row.get("path", "?") for row in peers}
     checks = [check_private(data_dir), check_disk(data_dir), check_peers(status, peers),
-              check_reachability(nat), check_port_mapping(nat), check_clock(await _clock_skews(client, peers))]
+              *check_bootstrap(dials, paths), check_reachability(nat), check_port_mapping(nat),
+              check_ports(status), check_clock(await _clock_skews(client, peers))]
     args.exit_code = 1 if any(c.verdict == "fail" for c in checks) else 0
     result = [asdict(c) for c in checks]
 
@@ -146,5 +209,6 @@ async def cmd_doctor(client: meshd.Client, args) -> object:
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("doctor", parents=[common],
-                            help="check the data folder, disk, peers, reachability, port mapping and clock")
+                            help="check the data folder, disk, peers, bootstrap peers, reachability, "
+                                 "port mapping, ports and clock")
     parser.set_defaults(func=cmd_doctor)

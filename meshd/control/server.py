@@ -45,7 +45,8 @@ async def serve_control(data_dir: Path, server: RpcServer, *, task_status=trio.T
     path = socket_path(data_dir)
     if path.exists():
         if await _answers(path):
-            raise RuntimeError(f"another meshd is running with data dir {data_dir}")
+            raise RuntimeError(f"another meshd is running with data dir {data_dir}; "
+                               "stop it first, or use another --data-dir")
         path.unlink()
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)

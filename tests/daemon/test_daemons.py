@@ -354,19 +354,6 @@ def test_a_daemon_without_documents_and_shards_runs_and_says_they_are_off(daemon
     assert "crdt.push" in line
 
 
-def test_a_port_in_use_or_a_second_daemon_on_a_data_dir_is_one_line_at_start(daemons, tmp_path):
-    first = daemons("first")
-    for args, expected in ((["--data-dir", str(tmp_path / "other"), "--listen", str(first.address.hostport)],
-                            f"UDP {first.address.hostport} is in use"),
-                           (["--data-dir", str(first.data_dir), "--listen", "127.0.0.1:0"],
-                            "another meshd is running with data dir")):
-        out = meshd_cli("start", *args)
-        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-        [line] = [x for x in out.stderr.splitlines() if " INFO " not in x]  # one line besides the log
-        assert line.startswith("meshd: error: ") and expected in line, line
-    assert first.meshctl("status")["peer_id"] == first.peer_id  # the first daemon serves on
-
-
 def test_a_service_list_that_cannot_work_is_one_line_at_start(tmp_path):
     for services, expected in ((["nat", "shards"], "shards needs dht"),
                                (["dht", "gossip"], "unknown service 'gossip'")):
@@ -516,7 +503,13 @@ def test_meshctl_doctor_gives_a_verdict_per_check_and_fails_without_peers(daemon
     b = daemons("b", bootstrap=[str(a.address)])
     wait_until(lambda: a.peer_id in peer_ids(b), 10, "B to list A")
     checks = {c["name"]: c for c in b.meshctl("doctor")}
-    assert set(checks) == {"data folder", "disk", "peers", "reachability", "port mapping", "clock"}
+    assert set(checks) == {"data folder", "disk", "peers", "bootstrap", "reachability", "port mapping", "ports",
+                           "clock"}
+    assert checks["bootstrap"] == {"name": "bootstrap", "verdict": "ok", "fix": "",
+                                   "detail": f"{a.peer_id[:10]}...@{a.address.hostport} connected (direct)"}
+    ports = checks["ports"]  # loopback: bound, but other machines cannot dial in
+    assert ports["verdict"] == "warn" and ports["detail"].startswith(f"UDP {b.address.hostport} (QUIC), TCP 127.0.0.1:")
+    assert "(shards lane)" in ports["detail"] and "(learning lane)" in ports["detail"]
     assert checks["peers"]["verdict"] == "ok" and checks["peers"]["detail"] == "1 connected: 1 direct"
     assert checks["clock"]["verdict"] == "ok" and "1 asked" in checks["clock"]["detail"]  # identify says its time
     assert checks["data folder"]["verdict"] == "ok" and checks["port mapping"]["verdict"] == "ok"  # loopback

@@ -90,7 +90,9 @@ class Learning:
             await trio.sleep_forever()
 
     def status(self) -> dict:
-        return {"groups": len(self.groups)}
+        """Groups joined, and the bulk lane's TCP port ("off" by config, None until it listens)."""
+        server = self.bulk.server
+        return {"groups": len(self.groups), "lane": server.port if server is not None else "off"}
 
     def spawn(self, fn, *args) -> None:
         """Run ``fn(*args)`` in the service's background until the node stops."""

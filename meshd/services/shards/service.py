@@ -128,7 +128,9 @@ class Shards:
         return control_methods(self)
 
     def status(self) -> dict:
-        return {"models": len(self.manifests()), "fetching": len(self.fetches)}
+        """Models kept, fetches going, and the bulk lane's TCP port ("off" by config, None until it listens)."""
+        return {"models": len(self.manifests()), "fetching": len(self.fetches),
+                "lane": self._lane.port if self._lane is not None else "off"}
 
     def figures(self) -> dict:
         """For the metrics service: fetches not yet whole, the bytes they have and

@@ -2,8 +2,10 @@
 
 import os
 
-from cli.commands.doctor import (CLOCK_SKEW_FAIL, check_clock, check_peers, check_port_mapping, check_private,
-                                 check_reachability)
+from cli.commands.doctor import (CLOCK_SKEW_FAIL, check_bootstrap, check_clock, check_peers, check_port_mapping,
+                                 check_ports, check_private, check_reachability)
+
+A, B = "a" * 56, "b" * 56  # peer ids
 
 
 def test_peers_no_connection_fails_relayed_only_warns_direct_is_ok():
@@ -44,3 +46,26 @@ def test_a_data_folder_others_can_read_fails(tmp_path):
     os.chmod(tmp_path, 0o755)
     failed = check_private(tmp_path)
     assert failed.verdict == "fail" and failed.fix == f"chmod 700 {tmp_path}"
+
+
+def test_bootstrap_is_a_line_per_peer_unreachable_fails_only_if_none_is_reached():
+    assert [(c.verdict, c.detail) for c in check_bootstrap({}, {})] == [("ok", "none configured")]
+    dials = {f"{A}@10.0.0.1:4100": None, f"{B}@10.0.0.2:4100": "UNAVAILABLE: handshake timed out"}
+    up, down = check_bootstrap(dials, {A: "direct"})
+    assert (up.name, up.verdict, up.detail) == ("bootstrap", "ok", "aaaaaaaaaa...@10.0.0.1:4100 connected (direct)")
+    assert down.verdict == "warn" and down.detail.endswith("unreachable: UNAVAILABLE: handshake timed out")
+    assert "10.0.0.2:4100" in down.fix
+    [alone] = check_bootstrap({f"{B}@10.0.0.2:4100": "UNAVAILABLE: handshake timed out"}, {})
+    assert alone.verdict == "fail" and "10.0.0.2:4100" in alone.fix
+
+
+def test_ports_lists_the_udp_port_and_each_lane_and_fails_on_a_lane_not_listening():
+    status = {"listen": "0.0.0.0:4100", "transport": {"sent": 1}, "shards": {"models": 0, "lane": 41000},
+              "learning": {"groups": 0, "lane": "off"}, "crdt": "off"}
+    ok = check_ports(status)
+    assert (ok.name, ok.verdict) == ("ports", "ok")
+    assert ok.detail == "UDP 0.0.0.0:4100 (QUIC), TCP 0.0.0.0:41000 (shards lane)"
+    failed = check_ports({**status, "learning": {"groups": 0, "lane": None}})
+    assert failed.verdict == "fail" and failed.detail.startswith("not listening: learning lane")
+    loopback = check_ports({**status, "listen": "127.0.0.1:4100"})
+    assert loopback.verdict == "warn" and "0.0.0.0:4100" in loopback.fix

@@ -4,6 +4,8 @@ import os
 import stat
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import given, strategies as st
 
 from meshd.address import AddressError, HostPort, PeerAddr
@@ -39,13 +41,23 @@ def test_key_readable_by_others_is_refused(tmp_path, mode):
         load_identity(tmp_path)
 
 
-def test_missing_and_garbled_keys_say_so(tmp_path):
+def test_missing_garbled_and_foreign_keys_say_so_and_what_to_do(tmp_path):
     with pytest.raises(IdentityError, match="meshd init"):
         load_identity(tmp_path)
     path = tmp_path / "identity.key"
     path.write_text("not a key")
     os.chmod(path, 0o600)
-    with pytest.raises(IdentityError, match="not a PEM private key"):
+    fix = "restore the key from a backup, or move it aside to start as a new identity"
+    with pytest.raises(IdentityError, match=f"not a PEM private key .*; {fix}"):
+        load_identity(tmp_path)
+    path.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    with pytest.raises(IdentityError, match=f"not an Ed25519 key; {fix}"):
+        load_identity(tmp_path)
+    path.write_bytes(Identity.generate().private_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret")))
+    with pytest.raises(IdentityError, match="encrypted with a password; meshd needs it unencrypted"):
         load_identity(tmp_path)
 
 
