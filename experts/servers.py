@@ -16,6 +16,8 @@ also asking the second: a high percentile of the recent latencies across all
 servers, with a margin, so that only the slowest few requests are hedged.
 Ties are broken by the servers' keys (or their ``repr``, for keys that do not
 compare), so every call with the same history gives the same order.
+:meth:`Servers.health` says in one word what the record shows of a server
+(``ok``, ``backed-off``, ``failing``), for listings.
 """
 
 from __future__ import annotations
@@ -83,6 +85,22 @@ class Servers:
         """Whether ``server`` failed and its back-off has not passed by ``now``."""
         record = self._records.get(server)
         return record is not None and now < record.retry_at
+
+    def health(self, server: Hashable, now: float) -> str | None:
+        """What this record says of ``server`` at ``now``: ``"backed-off"`` while the
+        back-off after its last failure lasts, ``"failing"`` once it has passed but
+        no answer came since (the last request failed), ``"ok"`` if its last request
+        answered; None if it was never asked."""
+        record = self._records.get(server)
+        if record is None:
+            return None
+        if record.failures:
+            return "backed-off" if now < record.retry_at else "failing"
+        return "ok"
+
+    def known(self) -> list[Hashable]:
+        """The servers this record has seen a request to, in the order first seen."""
+        return list(self._records)
 
     def order(self, servers: Iterable[Hashable], now: float) -> list[Hashable]:
         """``servers`` (duplicates dropped) in the order to try them at ``now``:

@@ -403,3 +403,79 @@ async def test_a_call_the_expert_cannot_get_to_in_time_is_deadline_exceeded_and_
         with trio.fail_after(5):
             while served._batchers:  # the per-shape batchers go once empty
                 await trio.sleep(0.05)
+
+
+async def test_ls_says_each_servers_health_and_the_latency_this_node_measured(tmp_path):
+    async with AsyncExitStack() as stack:
+        a, b, c = await open_nodes(stack, tmp_path, 3)
+        module = Counting()
+        await mx.serve(a, module, expert_id="lin")
+        [mine] = (await a.service("experts").control_methods()["experts.ls"]({}, None))["experts"]
+        assert mine["health"] == "ok" and mine["latency_ms"] is None  # nobody here called it yet
+        expert = mx.RemoteExpert(b, "lin")
+        for _ in range(3):
+            await expert(torch.randn(1, 4))
+        ls_b, ls_c = (n.service("experts").control_methods()["experts.ls"] for n in (b, c))
+        [row] = (await ls_b({"find": ["lin"]}, None))["experts"]
+        [peer] = row["peers"]
+        ewma_ms = 1000 * b.service("experts").measured["lin"].ewma(str(a.peer_id))
+        assert peer == {"peer": str(a.peer_id), "health": "ok", "latency_ms": round(ewma_ms, 3),
+                        "latency_from": "calls"}
+        assert row["health"] == "ok" and row["latency_ms"] == peer["latency_ms"] and row["params"] == 15
+        [row] = (await ls_c({"find": ["lin"]}, None))["experts"]  # c never called it: an info round trip
+        assert row["health"] == "ok" and row["peers"][0]["latency_from"] == "ping" and row["latency_ms"] > 0
+        module.broken = True
+        with pytest.raises(mx.ExpertUnavailable):
+            await expert(torch.randn(1, 4))
+        [row] = (await ls_b({"find": ["lin"]}, None))["experts"]
+        # backed off for 1 s, then failing until it answers again (a slow listing may see either)
+        assert row["health"] in ("backed-off", "failing") and row["peers"][0]["failures"] == 1
+        assert row["latency_ms"] is None
+
+
+async def test_next_token_logprobs_says_who_answered_and_still_unpacks_as_a_pair(tmp_path):
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 3)
+        lms = {"code": TinyLM(1), "legal": TinyLM(2)}
+        for node, (name, lm) in zip(nodes, lms.items()):
+            await mx.serve(node, lm, expert_id=name, kind="lm", domain=name)
+        ens = mx.HDEEEnsemble(nodes[2], list(lms), prior="uniform")
+        ids = torch.tensor([1, 5, 2, 7, 7, 3])
+        logp = await ens.next_token_logprobs(ids)  # as the issue's snippet writes it
+        assert isinstance(logp, mx.NextToken) and logp.answered == ["code", "legal"] and logp.dropped == {}
+        assert logp.logp.shape == (11,) and set(logp.weights) == {"code", "legal"}
+        with torch.no_grad():  # the mixture of the experts' next-token distributions, by posterior weight
+            last = [torch.log_softmax(lm(ids[None]), -1)[0, -1].double() for lm in lms.values()]
+        want = torch.logsumexp(torch.stack([last[i] + torch.tensor(logp.weights[e]).double().log()
+                                            for i, e in enumerate(lms)]), 0)
+        assert torch.allclose(logp.logp.double(), want, atol=1e-5)
+        nodes[1].service("experts").unserve("legal")
+        mixed, scored = await ens.next_token_logprobs(ids)  # the earlier (logp, scored) pair
+        assert scored.answered == ["code"] and "legal" in scored.dropped
+        assert torch.allclose(mixed.double(), last[0], atol=1e-5)
+
+
+async def test_ddm_top_k_1_routes_top1_without_a_mode_and_sample_finds_dim_in_the_experts_info(tmp_path):
+    centres = [[2.0, 0.0], [-2.0, 0.0], [0.0, 2.0]]
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 2)
+        flows = [Flow(c) for c in centres]
+        for i, flow in enumerate(flows):
+            await mx.serve(nodes[i % 2], flow, expert_id=f"c{i}", kind="flow", dim=2)
+        router = Router(centres)
+        router.dim = 2  # said by the module itself
+        await mx.serve(nodes[0], router, expert_id="ddm-router", kind="router")
+        ids = [f"c{i}" for i in range(3)]
+        ddm_ens = mx.DDMEnsemble(nodes[1], experts=ids, router="ddm-router", top_k=1)  # the issue's snippet
+        assert ddm_ens.mode == "top1"
+        x = await ddm_ens.sample(n=16, steps=4)
+        want = await mx.DDMEnsemble(nodes[1], ids, "ddm-router", mode="top1").sample(16, 2, steps=4)
+        assert x.x.shape == (16, 2) and torch.equal(x.x, want.x) and sum(x.rows.values()) == 4 * 16
+        assert mx.DDMEnsemble(nodes[1], ids, "ddm-router", top_k=2).mode == "topk"
+        assert mx.DDMEnsemble(nodes[1], ids, "ddm-router").mode == "full"
+        assert mx.DDMEnsemble(nodes[1], ids).mode == "uniform"
+        with pytest.raises(ValueError, match="top_k"):
+            mx.DDMEnsemble(nodes[1], ids, "ddm-router", top_k=0)
+        await mx.serve(nodes[0], Flow([0.0, 0.0]), expert_id="nodim", kind="flow")
+        with pytest.raises(ValueError, match="dim"):
+            await mx.DDMEnsemble(nodes[1], ["nodim"]).sample(n=4, steps=2)

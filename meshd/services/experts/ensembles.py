@@ -17,7 +17,10 @@ import trio
 
 from experts import ddm, hdee
 
+from ...rpc import RpcError
 from .remote import ExpertUnavailable, RemoteExpert
+
+DIM_TIMEOUT = 5.0  # seconds DDMEnsemble.dim waits for the experts' info
 
 
 @dataclass
@@ -29,6 +32,31 @@ class Scored:
     answered: list[str]  # the experts in the mixture, in log_weights' row order
     dropped: dict[str, str] = field(default_factory=dict)  # expert -> why it is not
     last: dict[str, torch.Tensor] = field(default_factory=dict)  # expert -> log-distribution of the next token [V]
+
+
+@dataclass
+class NextToken:
+    """An HDEE ensemble's distribution of the next token, and who made it.
+
+    Unpacks as the pair earlier versions returned: ``logp, scored = await
+    ens.next_token_logprobs(ids)``."""
+
+    logp: torch.Tensor  # [V]: the mixture's log-distribution of the token after the context
+    scored: Scored  # the context as scored: who answered, each expert's log posterior
+    weights: dict[str, float]  # each answering expert's weight in this mixture (its posterior)
+
+    @property
+    def answered(self) -> list[str]:
+        """The experts in the mixture."""
+        return self.scored.answered
+
+    @property
+    def dropped(self) -> dict[str, str]:
+        """The experts left out, and why."""
+        return self.scored.dropped
+
+    def __iter__(self):
+        return iter((self.logp, self.scored))
 
 
 STRAGGLER_FACTOR = 4.0  # an expert still silent this many times the first answer's wait after the call ...
@@ -142,15 +170,16 @@ class HDEEEnsemble:
         self.prior = dict(zip(self.expert_ids, log_prior.exp().tolist()))
         return self.prior
 
-    async def next_token_logprobs(self, context: torch.Tensor) -> tuple[torch.Tensor, Scored]:
+    async def next_token_logprobs(self, context: torch.Tensor) -> NextToken:
         """The mixture's log-distribution of the token after ``context`` (int64 [T],
-        T >= 2), each expert weighted by its posterior after the whole context;
-        and the scored context (who answered, the weights)."""
+        T >= 2), each expert weighted by its posterior after the whole context
+        (``.logp``, [V]), with who answered (``.answered``, ``.dropped``) and their
+        weights (``.weights``); it unpacks as ``logp, scored``."""
         scored = await self.score(context)
-        log_w = torch.tensor([math.log(max(self.weights[e], 1e-300)) for e in scored.answered],
-                             dtype=torch.float64)
+        weights = dict(self.weights)
+        log_w = torch.tensor([math.log(max(weights[e], 1e-300)) for e in scored.answered], dtype=torch.float64)
         last = torch.stack([scored.last[e].double() for e in scored.answered])  # [E', V]
-        return torch.logsumexp(log_w[:, None] + last, dim=0).float(), scored
+        return NextToken(torch.logsumexp(log_w[:, None] + last, dim=0).float(), scored, weights)
 
 
 @dataclass
@@ -167,23 +196,32 @@ class DDMEnsemble:
     """Flow-matching experts (kind ``flow``: ``v(x, t)``) combined by a router
     (kind ``router``: logits over the experts given ``(x, t)``) at every
     sampling step: ``mode`` full (router-weighted sum), ``top1``, ``topk``
-    (``top_k`` experts per sample) or ``uniform`` (no router).  Each expert is
+    (``top_k`` experts per sample) or ``uniform`` (no router).  Without
+    ``mode``, ``top_k`` chooses (1: ``top1``, more: ``topk``), and with
+    neither it is ``full`` (``uniform`` without a router).  Each expert is
     sent only the samples it carries weight for; an expert that fails (or is
     far slower than the others) is left out of that step and its samples
     re-routed among the others in the same step; the next step asks it again
     (a dead one's :class:`RemoteExpert` then fails at once while it backs off)."""
 
-    def __init__(self, node, experts: list[str], router: str | None, *, mode: str = "full", top_k: int = 2,
-                 timeout: float | None = None):
+    def __init__(self, node, experts: list[str], router: str | None = None, *, mode: str | None = None,
+                 top_k: int | None = None, timeout: float | None = None):
+        if mode is None:
+            mode = ("uniform" if router is None else "full") if top_k is None else "top1" if top_k == 1 else "topk"
         if mode not in ddm.MODES:
             raise ValueError(f"mode must be one of {', '.join(ddm.MODES)}, not {mode!r}")
         if mode != "uniform" and router is None:
             raise ValueError(f"mode {mode} needs a router")
         if not experts or len(set(experts)) != len(experts):
             raise ValueError("an ensemble needs distinct expert ids")
+        top_k = 2 if top_k is None else top_k
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k is a positive number of experts, not {top_k!r}")
         self.expert_ids, self.mode, self.top_k = list(experts), mode, top_k
         self.experts = [RemoteExpert(node, e, timeout=timeout) for e in experts]
         self.router = RemoteExpert(node, router, timeout=timeout) if mode != "uniform" else None
+        self._service = node.service("experts")
+        self._dim: int | None = None
 
     async def velocity(self, x: torch.Tensor, t: float, sampled: Sampled) -> torch.Tensor:
         """The ensemble's velocity at ``x`` ([B, D]) and time ``t``; counts calls in ``sampled``."""
@@ -221,8 +259,41 @@ class DDMEnsemble:
                 done[i] |= rows
         return ddm.combine(weights, {i: o for i, o in outputs.items() if i not in dead})[0]
 
-    async def sample(self, n: int, dim: int, *, steps: int = 100, seed: int = 0) -> Sampled:
-        """``n`` samples: Euler from noise (t = 0) to data (t = 1) in ``steps`` steps."""
+    async def dim(self) -> int:
+        """The size of the vectors the experts take, as their servers' info says
+        (``serve(..., dim=)``, or the module's ``dim``), asked of every expert's and
+        the router's servers at once, then kept.  ValueError if none says, or two
+        disagree."""
+        if self._dim is not None:
+            return self._dim
+        said: dict[str, int] = {}
+
+        async def ask(expert: RemoteExpert) -> None:
+            with trio.move_on_after(DIM_TIMEOUT):
+                for peer in (await expert.servers())[:2]:
+                    try:
+                        info = await self._service.info(peer, expert.expert_id, timeout=DIM_TIMEOUT)
+                    except (RpcError, trio.TooSlowError, OSError):
+                        continue
+                    if type(info.get("dim")) is int and info["dim"] > 0:
+                        said[expert.expert_id] = info["dim"]
+                        return
+
+        async with trio.open_nursery() as nursery:
+            for expert in [*self.experts, *([self.router] if self.router is not None else [])]:
+                nursery.start_soon(ask, expert)
+        if not said:
+            raise ValueError("no expert's info says its dim (serve them with dim=, or pass sample(dim=))")
+        if len(set(said.values())) > 1:
+            raise ValueError(f"the experts disagree on dim: {said}")
+        self._dim = next(iter(said.values()))
+        return self._dim
+
+    async def sample(self, n: int, dim: int | None = None, *, steps: int = 100, seed: int = 0) -> Sampled:
+        """``n`` samples: Euler from noise (t = 0) to data (t = 1) in ``steps`` steps;
+        ``dim`` (the vectors' size) defaults to what the experts say (:meth:`dim`)."""
+        if dim is None:
+            dim = await self.dim()
         x = torch.randn(n, dim, generator=torch.Generator().manual_seed(seed))
         sampled = Sampled(x, {}, {})
         for t in ddm.euler_times(steps):

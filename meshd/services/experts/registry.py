@@ -20,3 +20,54 @@ def live_servers(servers: object, *, now: float, heartbeat: float) -> tuple[list
         fresh = isinstance(seen, (int, float)) and now - seen <= STALE_AFTER * heartbeat
         (live if fresh else stale).append(peer)
     return sorted(live), sorted(stale)
+
+
+HEALTH = ("ok", "backed-off", "failing", "stale")  # a server's health, best first
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1000 * seconds, 3)
+
+
+def describe_servers(live: list[str], stale: list[str], *, measured=None, now: float = 0.0,
+                     probes: dict[str, float | str] | None = None) -> dict:
+    """What a listing says of one expert's servers: ``peers`` (one map per server:
+    ``peer``, ``health``, ``latency_ms`` and where that came from), the row's
+    ``health`` (the best of its servers', ``"none"`` without any) and
+    ``latency_ms`` (the lowest among the servers that are ok: the one a caller
+    tries first), or None.
+
+    ``measured`` is this node's :class:`experts.servers.Servers` for the expert
+    (keys: peer ids as text; None if it never called it): a server it called
+    has its EWMA as latency (``"calls"``) and its health (``ok``, ``backed-off``,
+    ``failing``).  ``probes`` maps a server to the seconds an ``experts.info``
+    took just now (``"ping"``: used when no call was measured) or to why it
+    failed (then ``failing``, if calls do not say ``backed-off``).  A server listed live
+    that nothing speaks against is ``ok``; ``stale`` ones (the registry's) are
+    ``stale``.
+    """
+    probes = probes or {}
+    peers = []
+    for peer, is_stale in [(p, False) for p in live] + [(p, True) for p in stale]:
+        health = measured.health(peer, now) if measured is not None else None
+        ewma = measured.ewma(peer) if measured is not None else None
+        probe = probes.get(peer)
+        entry: dict = {"peer": peer, "latency_ms": _ms(ewma), "latency_from": "calls" if ewma is not None else None}
+        if ewma is None and isinstance(probe, float):
+            entry |= {"latency_ms": _ms(probe), "latency_from": "ping"}
+        if isinstance(probe, str):
+            entry["error"] = probe
+        if measured is not None and measured.failures(peer):
+            entry["failures"] = measured.failures(peer)
+        if is_stale:
+            health = "stale"
+        elif isinstance(probe, str) and health in (None, "ok"):
+            health = "failing"  # it did not answer just now: fresher than any call it answered
+        elif health is None:
+            health = "ok"
+        entry["health"] = health
+        peers.append(entry)
+    best = min((HEALTH.index(p["health"]) for p in peers), default=None)
+    fastest = [p["latency_ms"] for p in peers if p["health"] == "ok" and p["latency_ms"] is not None]
+    return {"peers": peers, "health": "none" if best is None else HEALTH[best],
+            "latency_ms": min(fastest, default=None)}

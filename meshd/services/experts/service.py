@@ -33,6 +33,7 @@ import trio
 from crdt.document import ANYONE
 from crdt.reconcile import ReconcileError
 from dht.network import DhtError
+from experts.servers import Servers
 
 from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound, RpcError
@@ -48,6 +49,8 @@ log = logging.getLogger("meshd.experts")
 
 PROVIDER_PREFIX = b"/expert/"
 REGISTRY_SYNC_TIMEOUT = 2.0  # seconds a listing waits for one replica of the registry
+CUT_OFF_MIN = 1.0  # a call its caller cut off with no answer after at least this many seconds ...
+CUT_OFF_FACTOR = 4.0  # ... and this many times the server's latency EWMA counts as failed (as an ensemble's straggler)
 
 
 def check_expert_id(expert_id: object) -> str:
@@ -67,6 +70,8 @@ class Experts:
         self._providers = providers
         self._docs = documents
         self.served: dict[str, Served] = {}
+        self.measured: dict[str, Servers] = {}  # expert -> latency and failures of each server (peer id text)
+        #                                         this node's calls met, whoever made them (for listings)
         self._scopes: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
 
@@ -93,17 +98,23 @@ class Experts:
     # --- serving -------------------------------------------------------------------------
 
     async def serve(self, expert_id: str, module, *, kind: str = "module", domain: str | None = None,
-                    model: str | None = None, max_batch: int = 32, max_wait_ms: float = 5.0) -> Served:
+                    model: str | None = None, max_batch: int = 32, max_wait_ms: float = 5.0,
+                    dim: int | None = None) -> Served:
         """Serve ``module`` as expert ``expert_id`` until :meth:`unserve` or the node stops,
-        announced in the DHT (a node without DHT peers still answers calls)."""
+        announced in the DHT (a node without DHT peers still answers calls).  ``dim``: the
+        size of the vectors it takes (flow and router experts), said in its info so that an
+        ensemble can sample without being told; default the module's ``dim`` attribute."""
         check_expert_id(expert_id)
         if self._nursery is None:
             raise RuntimeError("the experts service is not running")
         if expert_id in self.served:
             raise ValueError(f"expert {expert_id!r} is served here already")
+        dim = getattr(module, "dim", None) if dim is None else dim
         params = sum(p.numel() for p in module.parameters()) if hasattr(module, "parameters") else 0
         info = {"expert": expert_id, "kind": kind, "domain": domain, "model": model, "params": params,
                 "max_batch": max_batch}
+        if type(dim) is int and dim > 0:
+            info["dim"] = dim
         served = Served(expert_id, module, kind=kind, info=info, max_batch=max_batch, max_wait=max_wait_ms / 1000,
                         max_queue=self.config.max_queue, max_queue_per_peer=self.config.max_queue_per_peer)
         self.served[expert_id] = served
@@ -234,7 +245,26 @@ class Experts:
         """``peer``'s answer for ``inputs`` to expert ``expert_id`` (op ``op``):
         the output tensors and the rows of the batch they ran in.  Raises the
         peer's RpcError (NotFound: it does not serve that expert), or
-        trio.TooSlowError past ``timeout`` (default ``call_timeout``)."""
+        trio.TooSlowError past ``timeout`` (default ``call_timeout``).  Each call's latency
+        or failure is kept in :attr:`measured` (what ``experts.ls`` shows); one the caller
+        cut off counts as failed only past ``CUT_OFF_MIN`` and ``CUT_OFF_FACTOR`` × the
+        server's EWMA (a hedge that lost is not the server's fault)."""
+        stats = self.measured.setdefault(expert_id, Servers())
+        started = trio.current_time()
+        try:
+            answer = await self._call(peer, expert_id, op, inputs, timeout)
+        except (RpcError, trio.TooSlowError, OSError):
+            stats.observe(str(peer), trio.current_time() - started, False, trio.current_time())
+            raise
+        except trio.Cancelled:  # the caller gave up: a hedge another server won, or a straggler cut off
+            waited = trio.current_time() - started
+            if waited >= max(CUT_OFF_MIN, CUT_OFF_FACTOR * (stats.ewma(str(peer)) or 0.0)):
+                stats.observe(str(peer), waited, False, trio.current_time())
+            raise
+        stats.observe(str(peer), trio.current_time() - started, True, trio.current_time())
+        return answer
+
+    async def _call(self, peer: PeerId, expert_id: str, op: str, inputs: list, timeout: float | None):
         timeout = self.config.call_timeout if timeout is None else timeout
         if peer.key == self.host.peer_id.key:
             served = self.served.get(expert_id)

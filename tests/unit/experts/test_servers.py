@@ -120,3 +120,15 @@ def test_the_hedge_delay_covers_95_percent_of_the_recent_latencies(samples):
 def test_a_bad_duration_is_a_value_error(seconds):
     with pytest.raises(ValueError):
         Servers().observe("a", seconds, True, now=0.0)
+
+
+def test_health_says_ok_backed_off_failing_or_unknown_in_one_word():
+    s = Servers()
+    assert s.health("never", now=0.0) is None and s.known() == []
+    s.observe("a", 0.1, True, now=0.0)
+    assert s.health("a", now=0.0) == "ok"
+    s.observe("a", 0.1, False, now=1.0)  # back-off: max(BACKOFF_MIN, 2 x EWMA) = 1 s
+    assert s.health("a", now=1.5) == "backed-off"
+    assert s.health("a", now=2.5) == "failing"  # the back-off passed, no answer since
+    s.observe("a", 0.2, True, now=3.0)
+    assert s.health("a", now=3.0) == "ok" and s.known() == ["a"]
