@@ -51,8 +51,16 @@ BENCHES = [
     Bench("pmtu", "pmtu.py", quick=["--mib", "16", "--runs", "1"]),
     Bench("lan", "lan.py", quick=["--mib", "8", "--runs", "1"]),
     Bench("nat", "nat.py", quick=["--runs", "1", "--pairs", "home-home,symmetric-home"]),
-    Bench("learning", "learning.py", quick=["--quick"]),
+    Bench("learning", "learning.py", quick=["--quick"], json=True),
+    Bench("learning_charlm", "learning_charlm.py", quick=["--quick"]),
+    Bench("learning_churn", "learning_churn.py", quick=["--quick"]),
+    Bench("learning_robust", "learning_robust.py", quick=["--quick"]),
+    Bench("learning_islands", "learning_islands.py", quick=["--steps", "100"]),
+    Bench("learning_sim", "learning_sim.py", quick=["--quick"]),
+    Bench("learning_throughput", "learning_throughput.py", quick=["--mib", "32", "--syncs", "1", "--skip", "hivemind"]),
     Bench("experts", "experts.py", quick=["--quick"]),
+    Bench("metrics", "metrics.py", quick=["--calls", "200", "--rounds", "2"]),
+    Bench("abuse", "abuse.py", quick=["--quiet", "2", "--attack", "2", "--only", "garbage,call_flood"]),
 ]
 
 
@@ -129,20 +137,18 @@ def plot(results: list[Result], folder: Path) -> list[tuple[str, str]]:
     for result in results:
         if result.data is None:
             continue
-        maker = {"rpc": _plot_rpc, "dht": _plot_dht, "shards": _plot_shards}.get(result.bench.name)
-        if maker is None:
-            continue
-        fig, ax = plt.subplots(figsize=(8, 4.2))
-        title = maker(ax, result.data)
-        if title is None:
+        for i, maker in enumerate(PLOTS.get(result.bench.name, [])):
+            fig, ax = plt.subplots(figsize=(8, 4.2))
+            title = maker(ax, result.data)
+            if title is None:
+                plt.close(fig)
+                continue
+            ax.set_title(title)
+            fig.tight_layout()
+            name = f"{result.bench.name}{f'-{i}' if i else ''}.png"
+            fig.savefig(folder / name, dpi=110)
             plt.close(fig)
-            continue
-        ax.set_title(title)
-        fig.tight_layout()
-        name = f"{result.bench.name}.png"
-        fig.savefig(folder / name, dpi=110)
-        plt.close(fig)
-        made.append((title, name))
+            made.append((title, name))
     return made
 
 
@@ -197,6 +203,37 @@ def _plot_shards(ax, data: dict) -> str | None:
     ax.invert_yaxis()
     ax.set_xlabel("MB/s")
     return "Model shards: publish and fetch rates beside the disk and the anchors"
+
+
+def _plot_gossip(ax, data: dict) -> str | None:
+    curves = [c for c in data.get("gossip", []) if c["split"] == "IID"]
+    if not curves:
+        return None
+    rounds = range(1, len(curves[0]["acc"]) + 1)
+    ax.plot(rounds, curves[0]["fedavg"], "k--", label="FedAvg (central, common init)")
+    for curve in curves:
+        ax.plot(rounds, curve["acc"], marker=".", label=f"gossip, {curve['rule']}")
+    ax.set_xlabel("round")
+    ax.set_ylabel("members' mean test accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8, loc="lower right")
+    return "Gossip on digits, own random inits, IID: accuracy by round beside FedAvg"
+
+
+def _plot_diloco(ax, data: dict) -> str | None:
+    rows = [r for r in data.get("diloco", []) if r["model"] == "mlp" and r["split"] == "IID"]
+    if not rows:
+        return None
+    for r in rows:
+        ax.scatter(r["bytes"] / 1e6, r["acc"], color="k" if "data parallel" in r["run"] else "C0")
+        ax.annotate(r["run"], (r["bytes"] / 1e6, r["acc"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("MB each member sent (log)")
+    ax.set_ylabel("test accuracy")
+    return "DiLoCo on digits, 4 members: accuracy against bytes sent, beside data parallel"
+
+
+PLOTS = {"rpc": [_plot_rpc], "dht": [_plot_dht], "shards": [_plot_shards], "learning": [_plot_diloco, _plot_gossip]}
 
 
 # --- the page ------------------------------------------------------------------------

@@ -7,14 +7,18 @@ over 127.0.0.1 through the DHT, hellos and signed tensor exchanges); the data
 is scikit-learn's bundled digits (8x8 images, 10 classes; 1,437 to train, 360
 to test), the model a 64-128-10 MLP.  In the same run:
 
-1. DiLoCo, ``--members`` members on an IID split, ``--steps`` inner steps of
-   AdamW each, H in {10, 50} and H = 50 with int4 pseudo-gradients, and
-   Streaming DiLoCo (H = 50, P = 2), beside synchronous data parallel
-   computed centrally (the members' gradients averaged every step): test
-   accuracy, bytes each member sent in outer exchanges (the one-time state
-   transfer to joining members is not counted), the ratio to data parallel's bytes
-   (an fp32 all-reduce of the gradient every step: 2 (N-1)/N of the model),
-   and whether every member's state hash agreed after every outer round.
+1. DiLoCo, ``--members`` members, ``--steps`` inner steps of AdamW each:
+   H in {1, 10, 50, 100} and H = 50 with int4 pseudo-gradients on an IID
+   split, H = 50 on a label-skewed split (3 classes per member), and
+   Streaming DiLoCo (H = 50, P = 4) beside plain H = 50 on an 8-layer MLP
+   (a 2-layer one cannot split into P near-equal fragments of layers); each
+   beside synchronous data parallel on the same model and split, computed
+   centrally (the members' gradients averaged every step): test accuracy,
+   bytes each member sent in outer exchanges (the one-time state transfer to
+   joining members is not counted), the ratio to data parallel's bytes (an
+   fp32 all-reduce of the gradient every step: 2 (N-1)/N of the model), the
+   median and peak bytes of one sync (Streaming's peak is one fragment), and
+   whether every member's state hash agreed after every outer round.
 2. Gossip, ``--gossip-members`` (16) members each with its own random init,
    each round ``--epochs`` (2) local epochs of SGD then a pull from
    ``--partners`` (4) random partners, ``--rounds`` (30) rounds, on an IID
@@ -30,13 +34,15 @@ to test), the model a 64-128-10 MLP.  In the same run:
    benchmark's batch 32 and no momentum even FedAvg ends at 0.92 after 30
    rounds of 16 members, each holding 90 images).
 
-``--parts`` runs one part only.  The members use the service's default
+``--parts`` runs one part only; ``--json FILE`` also writes the rows and the gossip
+accuracy curves (``benchmarks/all.py`` plots them).  The members use the service's default
 [learning] timings (``learnkit.SERVICE_TIMINGS``); torch runs one thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -139,7 +145,8 @@ def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-async def gossip_tables(console: Console, tmp: Path, x, y, x_test, y_test, args) -> None:
+async def gossip_tables(console: Console, tmp: Path, x, y, x_test, y_test, args) -> list[dict]:
+    """The gossip tables and targets; per split and rule, the members' mean accuracy by round."""
     shown = _at(args.rounds)
     n = args.gossip_members
     splits = [("IID", split_iid(x, y, n)), ("non-IID", split_classes(x, y, n, 2))]
@@ -174,6 +181,8 @@ async def gossip_tables(console: Console, tmp: Path, x, y, x_test, y_test, args)
         console.print(table)
     console.print(timing)
     _gossip_targets(console, results, args)
+    return [{"split": split, "rule": rule, "acc": res["acc"], "fedavg": central}
+            for (split, rule), (res, central) in results.items()]
 
 
 def _gossip_targets(console: Console, results: dict, args) -> None:
@@ -206,37 +215,71 @@ async def main(args) -> None:
     torch.set_num_threads(1)
     console = Console(width=160)
     x, y, x_test, y_test = digits()
+    out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         if "diloco" in args.parts:
-            await diloco_table(console, Path(tmp), x, y, x_test, y_test, args)
+            out["diloco"] = await diloco_table(console, Path(tmp), x, y, x_test, y_test, args)
         if "gossip" in args.parts:
-            await gossip_tables(console, Path(tmp), x, y, x_test, y_test, args)
+            out["gossip"] = await gossip_tables(console, Path(tmp), x, y, x_test, y_test, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out))
 
 
-async def diloco_table(console: Console, tmp: Path, x, y, x_test, y_test, args) -> None:
-    data = split_iid(x, y, args.members)
-    size = model_bytes(mlp(0))
-    dp_bytes_per_step = 2 * (args.members - 1) / args.members * size
-    table = Table(title=f"DiLoCo, {args.members} members, {args.steps} inner steps, digits MLP "
-                        f"({size / 1e3:.0f} kB fp32)", title_justify="left")
-    for col in ("run", "test acc", "MB sent / member", "fewer bytes than DP", "median kB / sync",
-                "hashes agree", "resyncs", "median sync s"):
+def deep_mlp(seed: int) -> torch.nn.Module:
+    """A 64-64×7-10 MLP (8 layers, seven of them the same size), for Streaming DiLoCo: its
+    fragments of strided layers are near-equal, so each sync's bytes can drop by P."""
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = []
+    for _ in range(7):
+        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(64, 10))
+
+
+def diloco_runs(args) -> list[tuple[str, str, str, dict]]:
+    """(label, model, split, DiLoCo keywords) of every run the table shows."""
+    runs = [("H=1", "mlp", "IID", dict(inner_steps=1)), ("H=10", "mlp", "IID", dict(inner_steps=10)),
+            ("H=50", "mlp", "IID", dict(inner_steps=50)), ("H=100", "mlp", "IID", dict(inner_steps=100)),
+            ("H=50 int4", "mlp", "IID", dict(inner_steps=50, compression="int4")),
+            ("H=50", "mlp", "label-skewed", dict(inner_steps=50)),
+            ("H=50", "deep", "IID", dict(inner_steps=50)),
+            ("H=50 streaming P=4", "deep", "IID", dict(inner_steps=50, fragments=4))]
+    return [runs[2], runs[4]] if args.quick else runs
+
+
+async def diloco_table(console: Console, tmp: Path, x, y, x_test, y_test, args) -> list[dict]:
+    models = {"mlp": mlp, "deep": deep_mlp}
+    splits = {"IID": split_iid(x, y, args.members), "label-skewed": split_classes(x, y, args.members, 3)}
+    table = Table(title=f"DiLoCo, {args.members} members, {args.steps} inner steps of AdamW; digits MLP "
+                        f"64-128-10 ({model_bytes(mlp(0)) / 1e3:.0f} kB fp32) and deep MLP 64-64×7-10 "
+                        f"({model_bytes(deep_mlp(0)) / 1e3:.0f} kB); label-skewed: 3 classes per member",
+                  title_justify="left")
+    for col in ("model", "split", "run", "test acc", "vs DP, points", "MB sent / member", "fewer bytes than DP",
+                "median kB / sync", "median / whole-model sync", "peak kB / sync", "hashes agree", "resyncs", "median sync s"):
         table.add_column(col)
-    dp = accuracy(data_parallel(lambda: mlp(0), data, args.members, args.steps), x_test, y_test)
-    dp_total = dp_bytes_per_step * args.steps
-    table.add_row("data parallel (central)", f"{dp:.3f}", f"{dp_total / 1e6:.1f}", "1x", "-", "-", "-", "-")
-    runs = [("H=10", dict(inner_steps=10)), ("H=50", dict(inner_steps=50)),
-            ("H=50 int4", dict(inner_steps=50, compression="int4")),
-            ("H=50 streaming P=2", dict(inner_steps=50, fragments=2))]
-    if args.quick:
-        runs = runs[1:3]
-    for i, (label, kw) in enumerate(runs):
-        r = await diloco_run(tmp / f"d{i}", lambda: mlp(0), data, args.members, args.steps, **kw)
-        r["acc"] = accuracy(r["model"], x_test, y_test)
-        table.add_row(label, f"{r['acc']:.3f}", f"{r['bytes'] / 1e6:.2f}", f"{dp_total / max(r['bytes'], 1):.0f}x",
-                      f"{r['per_sync'] / 1e3:.0f}", "yes" if r["agree"] else "NO", str(r["resyncs"]),
+    rows: list[dict] = []
+    dp_acc: dict[tuple[str, str], float] = {}
+    for i, (label, name, split, kw) in enumerate(diloco_runs(args)):
+        make, data = (lambda name=name: models[name](0)), splits[split]
+        size = model_bytes(make())
+        whole = 2 * (args.members - 1) / args.members * size  # one fp32 all-reduce of the model, per member
+        dp_total = whole * args.steps  # data parallel: one every step
+        if (name, split) not in dp_acc:
+            dp_acc[name, split] = accuracy(data_parallel(make, data, args.members, args.steps), x_test, y_test)
+            rows.append({"model": name, "split": split, "run": "data parallel (central)",
+                         "acc": dp_acc[name, split], "bytes": dp_total})
+            table.add_row(name, split, "data parallel (central)", f"{dp_acc[name, split]:.3f}", "-",
+                          f"{dp_total / 1e6:.1f}", "1x", *["-"] * 6)
+        r = await diloco_run(tmp / f"d{i}", make, data, args.members, args.steps, **kw)
+        acc = accuracy(r["model"], x_test, y_test)
+        rows.append({"model": name, "split": split, "run": label, "acc": acc, "bytes": r["bytes"],
+                     "per_sync": r["per_sync"], "peak_sync": r["peak_sync"], "agree": r["agree"],
+                     "resyncs": r["resyncs"], "sync_s": r["sync_s"]})
+        table.add_row(name, split, label, f"{acc:.3f}", f"{100 * (acc - dp_acc[name, split]):+.1f}",
+                      f"{r['bytes'] / 1e6:.2f}", f"{dp_total / max(r['bytes'], 1):.0f}x",
+                      f"{r['per_sync'] / 1e3:.0f}", f"{r['per_sync'] / whole:.2f}", f"{r['peak_sync'] / 1e3:.0f}", "yes" if r["agree"] else "NO", str(r["resyncs"]),
                       f"{r['sync_s']:.2f}")
     console.print(table)
+    return rows
 
 
 if __name__ == "__main__":
@@ -247,6 +290,7 @@ if __name__ == "__main__":
                         help="comma-separated: diloco, gossip (default both)")
     parser.add_argument("--members", type=int, default=4, help="DiLoCo members")
     parser.add_argument("--steps", type=int, default=600, help="DiLoCo inner steps per member")
+    parser.add_argument("--json", metavar="FILE", help="also write every row and accuracy curve as JSON")
     gossip = parser.add_argument_group("gossip")
     gossip.add_argument("--gossip-members", type=int, default=16)
     gossip.add_argument("--rounds", type=int, default=30)

@@ -142,4 +142,5 @@ async def diloco_run(root: Path, make_model, data, members: int, steps: int, **k
                 "rounds": max(opt.group.hash_round for opt in opts) + 1, "wall": wall,
                 "sync_s": sorted(r.seconds for r in syncs)[len(syncs) // 2] if syncs else 0.0,
                 "per_sync": sorted(r.bytes_out for r in syncs)[len(syncs) // 2] if syncs else 0,
+                "peak_sync": max((r.bytes_out for r in syncs), default=0),
                 "resyncs": sum(opt.resyncs for opt in opts)}

@@ -6,10 +6,21 @@ import torch
 
 
 def split(names: list[str], parts: int) -> list[list[str]]:
-    """``names`` (in model order) in ``parts`` strided fragments: name i goes to i % parts."""
-    if not 1 <= parts <= len(names):
-        raise ValueError(f"fragments must be 1 to {len(names)} (the parameter count), not {parts}")
-    return [names[p::parts] for p in range(parts)]
+    """``names`` (parameter names, in model order) in ``parts`` fragments of strided layers.
+
+    A layer is the module a parameter belongs to (its name up to the last
+    dot: ``blocks.3.attn.weight`` and ``blocks.3.attn.bias`` are one layer),
+    so a layer's weight and bias always travel together; layer i (in order of
+    first appearance) goes to fragment i % parts, as Streaming DiLoCo strides
+    transformer blocks.  ValueError unless 1 <= parts <= the layer count.
+    """
+    layers: dict[str, list[str]] = {}
+    for name in names:
+        layers.setdefault(name.rpartition(".")[0], []).append(name)
+    if not 1 <= parts <= len(layers):
+        raise ValueError(f"fragments must be 1 to {len(layers)} (the model's layers), not {parts}")
+    order = list(layers.values())
+    return [[name for layer in order[p::parts] for name in layer] for p in range(parts)]
 
 
 def due(step: int, inner_steps: int, parts: int) -> list[int]:

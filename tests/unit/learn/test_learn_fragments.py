@@ -25,16 +25,22 @@ def test_fragments_start_in_order_evenly_spaced():
     assert [due(s, 5, 1) for s in (4, 5, 10)] == [[], [0], [0]]
 
 
-@given(st.integers(1, 60), st.data())
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=30), st.data())
 @settings(max_examples=60, deadline=None)
-def test_the_split_puts_every_name_in_exactly_one_fragment_in_model_order(count, data):
-    names = [f"layer{i}" for i in range(count)]
-    parts = data.draw(st.integers(1, count))
+def test_the_split_strides_whole_layers_and_keeps_every_name_once_in_model_order(widths, data):
+    names = [f"block{i}.{part}" for i, width in enumerate(widths) for part in ("weight", "bias", "scale")[:width]]
+    parts = data.draw(st.integers(1, len(widths)))
     fragments = split(names, parts)
     assert len(fragments) == parts and all(fragments)
     assert sorted(n for f in fragments for n in f) == sorted(names)
     assert all(f == sorted(f, key=names.index) for f in fragments)
-    assert all(names.index(n) % parts == p for p, f in enumerate(fragments) for n in f)
+    assert all(int(n.split(".")[0][5:]) % parts == p for p, f in enumerate(fragments) for n in f)
+
+
+def test_a_layers_weight_and_bias_stay_in_one_fragment():
+    names = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias", "head"]
+    assert split(names, 2) == [["0.weight", "0.bias", "4.weight", "4.bias"], ["2.weight", "2.bias", "head"]]
+    assert split(names, 4) == [["0.weight", "0.bias"], ["2.weight", "2.bias"], ["4.weight", "4.bias"], ["head"]]
 
 
 def test_bad_schedules_are_refused():
@@ -45,6 +51,8 @@ def test_bad_schedules_are_refused():
         split([], 1)
     with pytest.raises(ValueError):
         split(["a", "b"], 0)
+    with pytest.raises(ValueError, match="layers"):
+        split(["l0.weight", "l0.bias"], 2)  # one layer cannot make two fragments
 
 
 def test_mix_is_alpha_local_plus_one_minus_alpha_global():

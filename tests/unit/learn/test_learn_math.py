@@ -92,7 +92,7 @@ def test_the_state_hash_sees_every_bit():
 
 
 def test_streaming_fragments_are_strided_and_sync_in_turn():
-    assert split(["l0", "l1", "l2", "l3", "l4"], 2) == [["l0", "l2", "l4"], ["l1", "l3"]]
+    assert split(["l0.w", "l1.w", "l1.b", "l2.w", "l3.w", "l4.w"], 2) == [["l0.w", "l2.w", "l4.w"], ["l1.w", "l1.b", "l3.w"]]
     starts = {step: due(step, 100, 4) for step in range(1, 201) if due(step, 100, 4)}
     assert starts == {25: [0], 50: [1], 75: [2], 100: [3], 125: [0], 150: [1], 175: [2], 200: [3]}
     assert torch.equal(mix(torch.ones(2), torch.zeros(2), 0.5), torch.full((2,), 0.5))
