@@ -9,6 +9,7 @@ process, and leave out an expert that dies.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import AsyncExitStack
@@ -479,3 +480,49 @@ async def test_ddm_top_k_1_routes_top1_without_a_mode_and_sample_finds_dim_in_th
         await mx.serve(nodes[0], Flow([0.0, 0.0]), expert_id="nodim", kind="flow")
         with pytest.raises(ValueError, match="dim"):
             await mx.DDMEnsemble(nodes[1], ["nodim"]).sample(n=4, steps=2)
+
+
+async def test_a_server_row_another_writer_forged_is_not_listed(tmp_path):
+    async with AsyncExitStack() as stack:
+        [a] = await open_nodes(stack, tmp_path / "a", 1)
+        shared = Config()
+        shared.experts.registry = f"{a.peer_id}/experts"
+        [b] = await open_nodes(stack, tmp_path / "b", 1, shared)
+        await b.connect(a.address)
+        experts_a, crdt_b = a.service("experts"), b.service("crdt")
+        a.service("crdt").write(await experts_a._registry(), lambda tx: tx.grant(b.peer_id.key, "writer"))
+        replica_b = await b.service("experts")._registry()
+        await crdt_b.sync(replica_b, a.peer_id)  # b has the grant
+        await mx.serve(b, Counting(), expert_id="flow")  # b's own row: it counts
+        row = {"since": time.time(), "seen": time.time(), "load": {"queued": 0, "calls": 0}}
+        crdt_b.write(replica_b, lambda tx: [tx.set(["ghost", "about"], {"kind": "module"}),
+                                            tx.set(["ghost", "servers", str(a.peer_id)], row)])  # forged: a's id
+        await crdt_b.sync(replica_b, a.peer_id)  # a has both rows
+        listing = await experts_a.registry()
+        assert listing["ghost"]["servers"] == {} and listing["ghost"]["rejected"] == [str(a.peer_id)]
+        ls = experts_a.control_methods()["experts.ls"]
+        rows = {r["expert"]: r for r in (await ls({"all": True}, None))["experts"]}
+        assert rows["flow"]["servers"] == [str(b.peer_id)] and "rejected" not in rows["flow"]
+        assert rows["ghost"]["servers"] == [] and rows["ghost"]["stale"] == [] and rows["ghost"]["rejected"] == 1
+        assert rows["ghost"]["health"] == "none"
+
+
+async def test_a_node_the_registry_owner_did_not_let_write_still_serves_and_says_so_once(tmp_path, caplog):
+    async with AsyncExitStack() as stack:
+        [a] = await open_nodes(stack, tmp_path / "a", 1)
+        await a.service("experts")._registry()  # a's registry exists, and b is not granted writer
+        shared = Config()
+        shared.experts.registry = f"{a.peer_id}/experts"
+        [b] = await open_nodes(stack, tmp_path / "b", 1, shared)
+        await b.connect(a.address)
+        module = Counting()
+        with caplog.at_level(logging.WARNING, logger="meshd.experts"):
+            await mx.serve(b, module, expert_id="lin")
+            await b.service("experts")._write_registry(lambda tx: tx.set(["lin", "about"], {}))  # refused again
+        warnings = [r.getMessage() for r in caplog.records
+                    if r.name == "meshd.experts" and r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "not written" in warnings[0] and "may not write" in warnings[0]
+        x = torch.randn(2, 4)
+        outputs, _ = await a.service("experts").call(b.peer_id, "lin", "forward", [x])
+        assert torch.allclose(outputs[0], module.linear(x).detach(), atol=1e-6)
+        assert "lin" not in await a.service("experts").registry()

@@ -46,7 +46,8 @@ def control_methods(service) -> dict:
         DHT names for each and what they say of it.  Every row says how each server
         is (``peers``: health, and the latency this node measured calling it, or of
         an ``experts.info`` it asked just now for ``find``) and sums it up (``health``,
-        ``latency_ms``)."""
+        ``latency_ms``); a registry row also counts the server rows it ignored
+        (``rejected``: written by another peer than the server they name), if any."""
         me = str(service.host.peer_id)
         rows = [{**s.info, "load": s.load(), "servers": [me], **health(s.expert_id, [me], [])}
                 for s in service.served.values()]
@@ -58,10 +59,13 @@ def control_methods(service) -> dict:
                     servers = entry.get("servers")
                     live, stale = live_servers(servers, now=now, heartbeat=heartbeat)
                     loads = [servers[p]["load"] for p in live if isinstance(servers[p].get("load"), dict)]
-                    rows.append({**about, "expert": expert_id, "servers": live, "stale": stale,
-                                 "load": {"queued": sum(_num(l.get("queued")) for l in loads),
-                                          "calls": sum(_num(l.get("calls")) for l in loads)},
-                                 **health(expert_id, live, stale)})
+                    row = {**about, "expert": expert_id, "servers": live, "stale": stale,
+                           "load": {"queued": sum(_num(l.get("queued")) for l in loads),
+                                    "calls": sum(_num(l.get("calls")) for l in loads)},
+                           **health(expert_id, live, stale)}
+                    if entry.get("rejected"):  # rows filed under a server that it did not write
+                        row["rejected"] = len(entry["rejected"])
+                    rows.append(row)
         for expert_id in (field(arg, "find", list) if isinstance(arg, dict) and "find" in arg else []):
             if not isinstance(expert_id, str) or expert_id in service.served:
                 continue

@@ -1,14 +1,37 @@
-"""Registry entries: which of an expert's listed servers are still there.
+"""Registry entries: which of an expert's listed servers are there, and still there.
 
-A server refreshes its entry (``seen``, and its load) every ``[experts]
+The registry document maps each expert id to ``about`` (what it is) and
+``servers``: one row per server, ``tx.set([expert, "servers", PEERID], row)``,
+which only that server writes.  The crdt layer lets any writer write any
+path, so a row counts only if the peer it is filed under signed it
+(:func:`meshd.registry.own_entries`); others are ignored as ``rejected``.
+
+A server refreshes its row (``seen``, and its load) every ``[experts]
 heartbeat`` seconds while it serves; one that died without unserving stops
 refreshing, and readers list it as stale instead of as a server.
 """
 
 from __future__ import annotations
 
+from crdt.document import Document
+
+from ...registry import own_entries
+
 HEARTBEAT_LOAD = ("queued", "calls", "rows", "ms_per_batch")  # the load a registry entry carries
 STALE_AFTER = 3  # heartbeats an entry may miss before it is listed as stale
+
+
+def read_registry(doc: Document) -> dict[str, dict]:
+    """What the registry document lists: expert id -> its entry (``about``, ...) with
+    ``servers`` holding only the rows their own server wrote (peer id text -> row) and
+    ``rejected`` the sorted keys of the others (another writer's forgery, malformed)."""
+    listing = doc.get([]) or {}
+    out: dict[str, dict] = {}
+    for expert_id, entry in listing.items():
+        if isinstance(entry, dict):
+            servers, rejected = own_entries(doc, [expert_id, "servers"])
+            out[expert_id] = {**entry, "servers": servers, "rejected": rejected}
+    return out
 
 
 def live_servers(servers: object, *, now: float, heartbeat: float) -> tuple[list[str], list[str]]:

@@ -15,7 +15,9 @@ With the ``crdt`` service on, every expert served is also written to a
 replicated registry document (``experts.registry``: this node's
 ``experts`` by default, or a shared one whose owner granted this node
 ``writer``): its kind, domain, model id, parameters and the peers serving
-it, so ``meshctl experts ls --all`` lists every expert the registry knows.
+it, so ``meshctl experts ls --all`` lists every expert the registry knows
+(a server row counts only if the server it names wrote it: :mod:`.registry`).
+A write the registry refuses is logged; the expert is served anyway.
 
 Callers find an expert's servers with :meth:`Experts.servers` and call one
 with :meth:`Experts.call`; :class:`~.remote.RemoteExpert` chooses among them,
@@ -30,18 +32,17 @@ import time
 
 import trio
 
-from crdt.document import ANYONE
-from crdt.reconcile import ReconcileError
 from dht.network import DhtError
 from experts.servers import Servers
 
 from ...identity import PeerId
+from ...registry import catch_up, open_registry
 from ...rpc import InvalidArgument, NotFound, RpcError
 from ...rpc.args import field
-from ...service import Documents, Host, Providers, check_name
+from ...service import Documents, Host, Providers, Replica, check_name
 from .config import ExpertsSection
 from .control import control_methods
-from .registry import HEARTBEAT_LOAD
+from .registry import HEARTBEAT_LOAD, read_registry
 from .served import Served
 from .tensors import from_wire, to_wire
 
@@ -74,6 +75,7 @@ class Experts:
         #                                         this node's calls met, whoever made them (for listings)
         self._scopes: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
+        self._unwritten: str | None = None  # why the last registry write failed (warned once), or None
 
     # --- the Service shape ---------------------------------------------------------
 
@@ -163,48 +165,47 @@ class Experts:
 
     # --- the registry ----------------------------------------------------------------------
 
-    async def _registry(self):
+    async def _registry(self) -> Replica | None:
         """The registry document (created, readable by anyone, if it is ours and new), or None
         without the crdt service."""
         if self._docs is None:
             return None
-        ref = self.config.registry or "experts"
-        ours = self._docs.is_own(ref)
-        replica = await self._docs.open(ref, create=ours)
-        if ours and len(replica.doc) == 0:
-            self._docs.write(replica, lambda tx: tx.grant(ANYONE, "reader"))
-        return replica
+        return await open_registry(self._docs, self.config.registry or "experts")
 
     async def _write_registry(self, fill) -> None:
-        """Write to the registry; a node the registry's owner did not let write just logs it
-        (callers still find its experts through the DHT)."""
+        """Write this node's part of the registry (``fill``); never raises for it.  A write
+        refused (the registry's owner did not let this node write, a full disk, the document
+        out of reach) is logged, with a warning the first time for each reason, and serving
+        goes on: callers still find the experts through the DHT."""
         try:
             replica = await self._registry()
             if replica is not None:
                 self._docs.write(replica, fill)
-        except (RpcError, ValueError, ReconcileError) as exc:
-            log.info("experts registry: not written (%s)", exc)
+        except Exception as exc:  # noqa: BLE001  (the crdt service's DocError, RPC failures: the registry is advisory)
+            reason = str(exc) or type(exc).__name__
+            (log.debug if reason == self._unwritten else log.warning)(
+                "experts registry %s: not written (%s); experts served here are found through the DHT",
+                self.config.registry or "experts", reason)
+            self._unwritten = reason
+        else:
+            self._unwritten = None
 
     async def registry(self) -> dict:
-        """What the registry lists: expert id -> {"about": kind, domain, model, params, ...,
-        "servers": {peer: {"since", "seen", "load"}}}, brought up to date with its replicas
-        once; see :func:`live_servers` for which servers are still there."""
+        """What the registry lists, brought up to date with its replicas once: expert id ->
+        {"about": kind, domain, model, params, ..., "servers": {peer: {"since", "seen", "load"}},
+        "rejected": [keys]}; ``servers`` holds only the rows their own server wrote, the
+        others are ``rejected`` (:func:`.registry.read_registry`); see :func:`live_servers`
+        for which servers are still there."""
         replica = await self._registry()
         if replica is None:
             return {}
-
-        async def sync(peer: PeerId) -> None:
-            try:
-                with trio.move_on_after(REGISTRY_SYNC_TIMEOUT):
-                    await self._docs.sync(replica, peer)
-            except (RpcError, ReconcileError, OSError) as exc:
-                log.debug("experts registry: no sync with %s (%s)", peer.short(), exc)
-
-        async with trio.open_nursery() as nursery:  # at once: a dead replica costs one timeout
-            for peer in list(replica.peers):
-                nursery.start_soon(sync, peer)
-        listing = replica.doc.get([]) or {}
-        return {k: v for k, v in listing.items() if isinstance(v, dict)}
+        await catch_up(self._docs, replica, timeout=REGISTRY_SYNC_TIMEOUT)
+        listing = read_registry(replica.doc)
+        rejected = sum(len(entry["rejected"]) for entry in listing.values())
+        if rejected:
+            log.info("experts registry %s: %d server rows ignored (not written by the server they name)",
+                     replica.ref, rejected)
+        return listing
 
     def _served(self, arg: object) -> Served:
         expert_id = field(arg, "expert", str)

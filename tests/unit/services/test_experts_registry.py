@@ -1,4 +1,4 @@
-"""Which servers a registry entry still counts (meshd.services.experts.registry)."""
+"""Which servers a registry entry counts, and still counts (meshd.services.experts.registry)."""
 
 from meshd.services.experts.registry import STALE_AFTER, live_servers
 
@@ -40,3 +40,29 @@ def test_a_listing_says_each_servers_health_and_latency_and_sums_them_up():
     assert later["health"] == "failing" and later["latency_ms"] is None
     assert describe_servers([], ["old"])["health"] == "stale"
     assert describe_servers([], []) == {"peers": [], "health": "none", "latency_ms": None}
+
+
+def test_a_server_row_counts_only_if_the_server_it_is_filed_under_wrote_it():
+    from crdt.document import Document
+    from crdt_helpers import Key, commit
+    from meshd.identity import PeerId
+    from meshd.services.experts.registry import read_registry
+
+    owner, server, forger = Key("owner"), Key("server"), Key("forger")
+    doc = Document(owner.pk, "experts")
+    commit(doc, owner, lambda tx: [tx.grant(k.pk, "writer") for k in (server, forger)])
+    me, victim = str(PeerId(server.pk)), str(PeerId(owner.pk))
+    row = {"since": 1.0, "seen": 2.0, "load": {"calls": 0}}
+    commit(doc, server, lambda tx: [tx.set(["lin", "about"], {"kind": "module"}),
+                                    tx.set(["lin", "servers", me], row)])
+    commit(doc, forger, lambda tx: [tx.set(["ghost", "about"], {"kind": "lm"}),
+                                    tx.set(["ghost", "servers", victim], row),  # forged: the owner's id
+                                    tx.set(["lin", "servers", "not a peer"], row)])
+    listing = read_registry(doc)
+    assert listing["lin"] == {"about": {"kind": "module"}, "servers": {me: row}, "rejected": ["not a peer"]}
+    assert listing["ghost"] == {"about": {"kind": "lm"}, "servers": {}, "rejected": [victim]}
+    # overwriting a server's own row hides it until the server writes again; it never lists the forger's
+    commit(doc, forger, lambda tx: tx.set(["lin", "servers", me], {**row, "seen": 9.0}))
+    assert read_registry(doc)["lin"]["servers"] == {} and me in read_registry(doc)["lin"]["rejected"]
+    commit(doc, server, lambda tx: tx.set(["lin", "servers", me], {**row, "seen": 10.0}))
+    assert read_registry(doc)["lin"]["servers"] == {me: {**row, "seen": 10.0}}
