@@ -41,8 +41,8 @@ CONTEXT = b"meshd-crdt-change/1"
 VERSION = 1
 ID_SIZE = KEY_SIZE = 32
 SIGNATURE_SIZE = 64
-MAX_CHANGE = 1 << 20  # bytes of one encoded change
-MAX_OPS = 10_000
+MAX_CHANGE = 1 << 20  # bytes of one encoded change (the default: callers may pass another)
+MAX_OPS = 10_000  # operations in one change (likewise)
 MAX_DEPS = 256
 MAX_DEPTH = 16  # map levels in a path, and nesting inside a value
 MAX_KEY = 256  # bytes of one map key
@@ -83,29 +83,36 @@ def dot_of(change: Change, index: int) -> Dot:
 
 
 def sign_change(doc: bytes, author: bytes, lamport: int, deps: list[bytes], time_ms: int,
-                ops: list, sign: Callable[[bytes], bytes]) -> Change:
+                ops: list, sign: Callable[[bytes], bytes], *, max_change: int = MAX_CHANGE,
+                max_ops: int = MAX_OPS) -> Change:
     """Encode and sign a change; ``sign`` is the author's Ed25519 signing function.
 
-    Raises ChangeError for a change peers would refuse (too large, a bad field).
+    Raises ChangeError for a change peers would refuse (too large, a bad field):
+    over ``max_change`` bytes or ``max_ops`` operations, the limits replicas
+    apply in :func:`decode_change`.
     """
     body = msgpack.packb([VERSION, doc, author, lamport, sorted(deps), time_ms, ops], use_bin_type=True)
-    if len(body) + SIGNATURE_SIZE + 16 > MAX_CHANGE:
-        raise ChangeError(f"change is {len(body)} bytes, over the {MAX_CHANGE}-byte limit; "
+    if len(body) + SIGNATURE_SIZE + 16 > max_change:
+        raise ChangeError(f"change is {len(body)} bytes, over the {max_change}-byte limit; "
                           "split the transaction")
     wire = msgpack.packb([body, sign(CONTEXT + body)], use_bin_type=True)
-    return decode_change(wire, verify=False)  # the same checks as every replica, and its view of ops
+    # the same checks as every replica, and its view of ops
+    return decode_change(wire, verify=False, max_change=max_change, max_ops=max_ops)
 
 
-def decode_change(wire: object, *, verify: bool = True) -> Change:
+def decode_change(wire: object, *, verify: bool = True, max_change: int = MAX_CHANGE,
+                  max_ops: int = MAX_OPS) -> Change:
     """Parse and check a change from a peer (or from disk, with ``verify=False``).
 
-    Raises ChangeError for anything malformed: wrong types, limits, an
-    unknown operation, a bad path or value, or a signature that does not verify.
+    Raises ChangeError for anything malformed: wrong types, limits (at most
+    ``max_change`` bytes and ``max_ops`` operations, dots naming operation
+    indexes below ``max_ops``), an unknown operation, a bad path or value, or a
+    signature that does not verify.
     """
-    if not isinstance(wire, bytes) or len(wire) > MAX_CHANGE:
-        raise ChangeError("a change is at most 1 MiB of bytes")
+    if not isinstance(wire, bytes) or len(wire) > max_change:
+        raise ChangeError(f"a change is a byte string of at most {max_change} bytes")
     try:
-        outer = msgpack.unpackb(wire, raw=False, strict_map_key=True, max_bin_len=MAX_CHANGE)
+        outer = msgpack.unpackb(wire, raw=False, strict_map_key=True, max_bin_len=max_change)
         _require(isinstance(outer, list) and len(outer) == 2, "expected [body, signature]")
         body, sig = outer
         _require(isinstance(body, bytes) and isinstance(sig, bytes) and len(sig) == SIGNATURE_SIZE,
@@ -123,10 +130,10 @@ def decode_change(wire: object, *, verify: bool = True) -> Change:
     _require(isinstance(deps, list) and len(deps) <= MAX_DEPS
              and all(_is_bytes(d, ID_SIZE) for d in deps) and deps == sorted(set(deps)),
              f"deps must be at most {MAX_DEPS} sorted distinct 32-byte ids")
-    _require(isinstance(ops, list) and 0 < len(ops) <= MAX_OPS, f"a change has 1 to {MAX_OPS} operations")
+    _require(isinstance(ops, list) and 0 < len(ops) <= max_ops, f"a change has 1 to {max_ops} operations")
     seen = 0
     for op in ops:
-        seen += check_op(op)
+        seen += check_op(op, max_ops)
     _require(seen <= MAX_SEEN, f"a change names at most {MAX_SEEN} dots")
     if verify:
         _verify(author, sig, body)
@@ -146,8 +153,9 @@ def _verify(author: bytes, sig: bytes, body: bytes) -> None:
         raise ChangeError("signature does not verify") from None
 
 
-def check_op(op: object) -> int:
-    """Raise ChangeError unless ``op`` is a well-formed operation; return how many dots it names."""
+def check_op(op: object, max_ops: int = MAX_OPS) -> int:
+    """Raise ChangeError unless ``op`` is a well-formed operation (its dots naming
+    operation indexes below ``max_ops``); return how many dots it names."""
     if not (isinstance(op, list) and op and type(op[0]) is int and _ARITY.get(op[0]) == len(op)):
         raise ChangeError("unknown or malformed operation: expected [code, ...] with a known code "
                           "and its number of fields")
@@ -166,7 +174,7 @@ def check_op(op: object) -> int:
     elif code in (ADD, REMOVE):
         check_element(op[2])
     seen = op[-1] if code in (ASSIGN, ADD, REMOVE, DELETE, REVOKE) else []
-    _require(isinstance(seen, list) and all(_is_dot(d) for d in seen), "seen must be a list of dots")
+    _require(isinstance(seen, list) and all(_is_dot(d, max_ops) for d in seen), "seen must be a list of dots")
     return len(seen)
 
 
@@ -201,9 +209,9 @@ def check_value(value: object, depth: int = 0) -> None:
         raise ChangeError(f"unsupported value type {type(value).__name__}")
 
 
-def _is_dot(dot: object) -> bool:
+def _is_dot(dot: object, max_ops: int = MAX_OPS) -> bool:
     return (isinstance(dot, list) and len(dot) == 3 and _is_int(dot[0]) and dot[0] >= 1
-            and _is_bytes(dot[1], KEY_SIZE) and _is_int(dot[2]) and 0 <= dot[2] < MAX_OPS)
+            and _is_bytes(dot[1], KEY_SIZE) and _is_int(dot[2]) and 0 <= dot[2] < max_ops)
 
 
 def _is_int(value: object) -> bool:

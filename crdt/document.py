@@ -86,10 +86,15 @@ class _Meta:
 
 
 class Document:
-    """One replica of the document ``name`` owned by key ``owner``."""
+    """One replica of the document ``name`` owned by key ``owner``.
+
+    Changes made here are at most ``max_change`` bytes and ``max_ops``
+    operations (what replicas that decode with those limits accept).
+    """
 
     def __init__(self, owner: bytes, name: str, *, max_pending: int = 10_000,
-                 max_pending_bytes: int = 32 << 20):
+                 max_pending_bytes: int = 32 << 20, max_change: int = ops.MAX_CHANGE,
+                 max_ops: int = ops.MAX_OPS):
         self.owner, self.name, self.id = owner, name, doc_id(owner, name)
         self.root = ORMap()
         self.acl = Acl(owner)
@@ -104,6 +109,7 @@ class Document:
         self._waiting: dict[bytes, set[bytes]] = {}
         self._pending_bytes = 0
         self.max_pending, self.max_pending_bytes = max_pending, max_pending_bytes
+        self.max_change, self.max_ops = max_change, max_ops
 
     # --- reading -----------------------------------------------------------------
 
@@ -319,7 +325,8 @@ class Document:
         built = tx.build(author, lamport)
         if any(op[0] in (ops.GRANT, ops.REVOKE) for op in built) and author != self.owner:
             raise Rejected("only the owner may change who writes and reads")
-        return sign_change(self.id, author, lamport, deps, time_ms, built, sign)
+        return sign_change(self.id, author, lamport, deps, time_ms, built, sign,
+                           max_change=self.max_change, max_ops=self.max_ops)
 
 
 class Transaction:

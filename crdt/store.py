@@ -22,6 +22,9 @@ from typing import Iterable, Iterator
 from .change import GRANT, REVOKE, Change, decode_change
 from .document import Document
 
+# Stored changes passed the limits of their time; loading never refuses one for a limit lowered since.
+_STORED = {"max_change": 1 << 30, "max_ops": 1 << 30}
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS crdt_docs (
     id BLOB PRIMARY KEY, owner BLOB NOT NULL, name TEXT NOT NULL);
@@ -104,17 +107,20 @@ class Store:
         return out
 
     def load(self, owner: bytes, name: str, **options) -> Document:
-        """The document as stored: its snapshot, then the changes made since, replayed."""
+        """The document as stored: its snapshot, then the changes made since, replayed.
+
+        A stored change was checked when it arrived, under the size and op
+        limits of that time; it loads whatever ``options`` limit new ones to."""
         doc = Document(owner, name, **options)
         row = self._conn.execute("SELECT state FROM crdt_snapshots WHERE doc = ?", (doc.id,)).fetchone()
         if row is not None:
-            acl_changes = [decode_change(w, verify=False) for (w,) in self._conn.execute(
+            acl_changes = [decode_change(w, verify=False, **_STORED) for (w,) in self._conn.execute(
                 "SELECT wire FROM crdt_changes WHERE doc = ? AND folded = 1 AND acl = 1 ORDER BY key",
                 (doc.id,))]
             doc.restore(row[0], acl_changes)
         for (wire,) in self._conn.execute(
                 "SELECT wire FROM crdt_changes WHERE doc = ? AND folded = 0 ORDER BY key", (doc.id,)):
-            doc.receive(decode_change(wire, verify=False))
+            doc.receive(decode_change(wire, verify=False, **_STORED))
         return doc
 
     def compact(self, doc: Document) -> int:

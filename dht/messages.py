@@ -12,7 +12,7 @@ from .ids import Contact, ContactError
 from .network import Refused
 from .records import MAX_KEY
 
-MAX_BULK = 16  # keys, ids or records in one request
+MAX_BULK = 16  # keys, ids or records in one request (what a node sends; what it accepts by default)
 MAX_NODES = 32  # contacts per key in one reply
 MAX_PROVIDERS = 64  # providers per key in one reply
 ID_SIZE = 32
@@ -28,17 +28,17 @@ def field_list(msg: object, name: str, limit: int) -> list:
     return items
 
 
-def keys(msg: object) -> list[bytes]:
-    """The ``keys`` of a request: 1..MAX_BULK byte strings of 1..MAX_KEY bytes."""
-    items = field_list(msg, "keys", MAX_BULK)
+def keys(msg: object, limit: int = MAX_BULK) -> list[bytes]:
+    """The ``keys`` of a request: 1..``limit`` byte strings of 1..MAX_KEY bytes."""
+    items = field_list(msg, "keys", limit)
     if not all(isinstance(k, bytes) and 0 < len(k) <= MAX_KEY for k in items):
         raise Refused(f"keys must be byte strings of 1 to {MAX_KEY} bytes")
     return items
 
 
-def ids(msg: object) -> list[bytes]:
-    """The ``ids`` of a FIND_NODE request: 1..MAX_BULK ids of 32 bytes."""
-    items = field_list(msg, "ids", MAX_BULK)
+def ids(msg: object, limit: int = MAX_BULK) -> list[bytes]:
+    """The ``ids`` of a FIND_NODE request: 1..``limit`` ids of 32 bytes."""
+    items = field_list(msg, "ids", limit)
     if not all(isinstance(i, bytes) and len(i) == ID_SIZE for i in items):
         raise Refused(f"ids must be {ID_SIZE} bytes each")
     return items

@@ -25,9 +25,10 @@ from .network import (ADD_PROVIDER, FIND_NODE, GET_PROVIDERS, GET_VALUE, PING, P
 from .ratelimit import RateLimiter
 from .records import Record, RecordError, sign_record
 from .validators import Validators
-from .routing import RoutingTable
+from .routing import V4_PREFIX, V6_PREFIX, RoutingTable
 from .server import DhtServer
-from .storage import Database, ProviderStore, RecordStore
+from .storage import (MAX_PER_AUTHOR, MAX_PROVIDER_KEYS, MAX_PROVIDERS, MAX_PROVIDERS_PER_KEY, MAX_RECORD_BYTES,
+                      MAX_RECORDS, Database, ProviderStore, RecordStore)
 
 log = logging.getLogger("dht")
 _STAGGER = 0.1  # seconds a put's first stores have alone before the rest are sent
@@ -99,6 +100,17 @@ class DhtConfig:
     self_lookup_interval: float = 600.0
     peer_rate: float = 20.0  # PUT_VALUE records and ADD_PROVIDER keys per second per peer
     peer_burst: int = 200
+    max_per_prefix: int = 3  # contacts a bucket admits from one IP prefix
+    ipv4_prefix: int = V4_PREFIX  # bits of an IPv4 address that make its prefix
+    ipv6_prefix: int = V6_PREFIX  # ... of an IPv6 address
+    check_after: float = 60.0  # a full bucket pings its oldest contact only if silent this long
+    max_records: int = MAX_RECORDS  # records stored for others (the farthest evicted beyond)
+    max_record_bytes: int = MAX_RECORD_BYTES  # ... and their bytes
+    max_records_per_author: int = MAX_PER_AUTHOR
+    max_providers_per_key: int = MAX_PROVIDERS_PER_KEY
+    max_provider_keys: int = MAX_PROVIDER_KEYS  # keys with provider entries
+    max_providers: int = MAX_PROVIDERS  # provider entries in all
+    max_request_items: int = m.MAX_BULK  # keys, ids or records accepted in one request (at most 16 sent)
     save_delay: float = 1.0  # routing table changes are written to disk this long after
     failed_memory: float = 60.0  # seconds a node that failed a query is left out of lookups
     maintenance_interval: float = 60.0
@@ -141,16 +153,23 @@ class DhtNode:
         self.wall = wall
         self.rng = rng or random.Random()
         self._table_changed = trio.Event()
-        self.table = RoutingTable(self.id, k=config.k, on_change=lambda: self._table_changed.set())
-        self.records = RecordStore(db, self.id, self.validators)
-        self.providers = ProviderStore(db)
+        self.table = RoutingTable(self.id, k=config.k, max_per_prefix=config.max_per_prefix,
+                                  check_after=config.check_after,
+                                  prefix_bits=(config.ipv4_prefix, config.ipv6_prefix),
+                                  on_change=lambda: self._table_changed.set())
+        self.records = RecordStore(db, self.id, self.validators, max_records=config.max_records,
+                                   max_bytes=config.max_record_bytes,
+                                   max_per_author=config.max_records_per_author)
+        self.providers = ProviderStore(db, max_per_key=config.max_providers_per_key,
+                                       max_keys=config.max_provider_keys, max_total=config.max_providers)
         self.put_limiter = RateLimiter(config.peer_rate, config.peer_burst)
         self.provider_limiter = RateLimiter(config.peer_rate, config.peer_burst)
         self.server = DhtServer(
             table=self.table, records=self.records, providers=self.providers,
             put_limiter=self.put_limiter, provider_limiter=self.provider_limiter,
             k=config.k, provider_ttl=config.provider_ttl, wall=wall, clock=self.clock,
-            heard_from=self.heard_from, is_server=lambda: self.server_mode)
+            heard_from=self.heard_from, is_server=lambda: self.server_mode,
+            max_items=config.max_request_items)
         self.messages_sent = 0
         self.unanswered = 0  # requests that got no answer: timed out, or the peer was unreachable
         self._on_lookup = on_lookup  # told of each finished lookup and whether lookup_timeout ended it
@@ -573,7 +592,7 @@ class DhtNode:
                          make_msg: Callable[[list], dict],
                          count_ok: Callable[[dict, int], int]) -> dict[bytes, int]:
         """Find the k closest nodes to each key, then send each node the items
-        it should hold, at most MAX_BULK per request.  ``count_ok(reply, n)``
+        it should hold, at most MAX_BULK (or ``max_request_items``, if fewer) per request.  ``count_ok(reply, n)``
         says how many of the n items in a request were accepted; the result
         is how many nodes accepted each key's item (not counting this one)."""
         closest: dict[bytes, list[Contact]] = {}
@@ -601,9 +620,10 @@ class DhtNode:
                     stored[key] += 1
 
         async with trio.open_nursery() as nursery:
+            bulk = min(m.MAX_BULK, self.config.max_request_items)  # what every peer accepts by default
             for contact, keys in per_peer.items():
-                for start in range(0, len(keys), m.MAX_BULK):
-                    nursery.start_soon(send, contact, keys[start:start + m.MAX_BULK])
+                for start in range(0, len(keys), bulk):
+                    nursery.start_soon(send, contact, keys[start:start + bulk])
         return stored
 
     # --- background work ----------------------------------------------------------------

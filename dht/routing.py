@@ -8,8 +8,8 @@ dropped and the freshest replacement takes its place).  Long-lived nodes are
 kept over newcomers, which is what makes Kademlia hard to flood.
 
 A bucket also admits at most ``max_per_prefix`` contacts from one IP prefix
-(/24 for IPv4, /48 for IPv6), so one network cannot fill it.  Loopback
-addresses are exempt: they are this machine.
+(by default /24 for IPv4, /48 for IPv6), so one network cannot fill it.
+Loopback addresses are exempt: they are this machine.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Callable
 
 from .ids import ID_BITS, Contact
 
-_V4_PREFIX = 24
-_V6_PREFIX = 48
+V4_PREFIX = 24  # bits of an address that make its prefix, by default
+V6_PREFIX = 48
 
 
 @dataclass
@@ -37,14 +37,14 @@ class _Bucket:
     touched: float = 0.0  # when a lookup last went through this bucket's range
 
 
-def ip_prefix(contact: Contact) -> str | None:
-    """The IP prefix a contact's first address is in, or None when exempt
-    (no address, not an IP literal, or loopback)."""
-    return _address_prefix(contact.addrs[0]) if contact.addrs else None
+def ip_prefix(contact: Contact, v4_bits: int = V4_PREFIX, v6_bits: int = V6_PREFIX) -> str | None:
+    """The IP prefix (``v4_bits`` or ``v6_bits`` long) a contact's first address
+    is in, or None when exempt (no address, not an IP literal, or loopback)."""
+    return _address_prefix(contact.addrs[0], v4_bits, v6_bits) if contact.addrs else None
 
 
 @functools.lru_cache(maxsize=65536)
-def _address_prefix(address: str) -> str | None:
+def _address_prefix(address: str, v4_bits: int, v6_bits: int) -> str | None:
     host = address.rpartition(":")[0].strip("[]")
     try:
         ip = ipaddress.ip_address(host)
@@ -52,7 +52,7 @@ def _address_prefix(address: str) -> str | None:
         return None
     if ip.is_loopback:
         return None
-    bits = _V4_PREFIX if ip.version == 4 else _V6_PREFIX
+    bits = v4_bits if ip.version == 4 else v6_bits
     return str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
 
 
@@ -61,12 +61,14 @@ class RoutingTable:
 
     def __init__(self, own_id: bytes, *, k: int = 20, replacements: int = 20,
                  max_per_prefix: int = 3, max_failures: int = 3, check_after: float = 60.0,
+                 prefix_bits: tuple[int, int] = (V4_PREFIX, V6_PREFIX),
                  on_change: Callable[[], None] = lambda: None):
         self.own_id = own_id
         self.own_num = int.from_bytes(own_id, "big")
         self.k = k
         self.max_replacements = replacements
         self.max_per_prefix = max_per_prefix
+        self.prefix_bits = prefix_bits  # (IPv4, IPv6) lengths of the prefixes max_per_prefix counts
         self.max_failures = max_failures
         self.check_after = check_after
         self._on_change = on_change  # called when a contact enters, leaves or moves
@@ -136,10 +138,10 @@ class RoutingTable:
         return oldest
 
     def _prefix_allows(self, bucket: _Bucket, contact: Contact) -> bool:
-        prefix = ip_prefix(contact)
+        prefix = ip_prefix(contact, *self.prefix_bits)
         if prefix is None:
             return True
-        same = sum(1 for other in bucket.entries.values() if ip_prefix(other) == prefix)
+        same = sum(1 for other in bucket.entries.values() if ip_prefix(other, *self.prefix_bits) == prefix)
         return same < self.max_per_prefix
 
     def seen(self, contact: Contact, now: float = 0.0) -> None:

@@ -30,13 +30,15 @@ class DhtServer:
     provider record is kept at most ``provider_ttl`` seconds.  ``wall()`` is
     Unix time (record expiry), ``clock()`` trio time (rate limits);
     ``heard_from(contact)`` is told of every sender in server mode, and
-    ``is_server()`` says whether this node answers as a server.
+    ``is_server()`` says whether this node answers as a server.  A request
+    naming more than ``max_items`` keys, ids or records is refused.
     """
 
     def __init__(self, *, table: RoutingTable, records: RecordStore, providers: ProviderStore,
                  put_limiter: RateLimiter, provider_limiter: RateLimiter, k: int,
                  provider_ttl: float, wall: Callable[[], float], clock: Callable[[], float],
-                 heard_from: Callable[[Contact], None], is_server: Callable[[], bool]):
+                 heard_from: Callable[[Contact], None], is_server: Callable[[], bool],
+                 max_items: int = m.MAX_BULK):
         self._table = table
         self._records = records
         self._providers = providers
@@ -48,6 +50,7 @@ class DhtServer:
         self._clock = clock
         self._heard_from = heard_from
         self._is_server = is_server
+        self._max_items = max_items
         self._handlers: dict[str, Callable[[Contact, dict], Awaitable[dict]]] = {
             PING: self._ping,
             FIND_NODE: self._find_node,
@@ -82,19 +85,19 @@ class DhtServer:
         return {}
 
     async def _find_node(self, sender: Contact, msg: dict) -> dict:
-        return {"nodes": [self._closest(target) for target in m.ids(msg)]}
+        return {"nodes": [self._closest(target) for target in m.ids(msg, self._max_items)]}
 
     async def _get_value(self, sender: Contact, msg: dict) -> dict:
         now = self._wall()
         records, nodes = [], []
-        for key in m.keys(msg):
+        for key in m.keys(msg, self._max_items):
             record = self._records.get(key, now)
             records.append(record.to_wire() if record else None)
             nodes.append(self._closest(key_id(key)))
         return {"records": records, "nodes": nodes}
 
     async def _put_value(self, sender: Contact, msg: dict) -> dict:
-        items = m.field_list(msg, "records", m.MAX_BULK)
+        items = m.field_list(msg, "records", self._max_items)
         self._charge(self._put_limiter, sender, len(items), "PUT_VALUE")
         now = self._wall()
         results = []
@@ -107,7 +110,7 @@ class DhtServer:
         return {"stored": results}
 
     async def _add_provider(self, sender: Contact, msg: dict) -> dict:
-        keys = m.keys(msg)
+        keys = m.keys(msg, self._max_items)
         self._charge(self._provider_limiter, sender, len(keys), "ADD_PROVIDER")
         addrs = m.addrs(msg.get("a", []), "a")
         ttl = msg.get("ttl")
@@ -126,7 +129,7 @@ class DhtServer:
     async def _get_providers(self, sender: Contact, msg: dict) -> dict:
         now = self._wall()
         found, nodes = [], []
-        for key in m.keys(msg):
+        for key in m.keys(msg, self._max_items):
             entries = self._providers.get(key, now)[: m.MAX_PROVIDERS]
             found.append([{**c.to_wire(), "exp": exp} for c, exp in entries])
             nodes.append(self._closest(key_id(key)))

@@ -25,6 +25,13 @@ from .records import CLOCK_SKEW, MAX_KEY, MAX_TTL, Record, RecordError
 from .validators import Validators
 
 MiB = 1024 * 1024
+# the stores' default limits (DhtConfig's, and so the [dht] keys')
+MAX_RECORDS = 65536
+MAX_RECORD_BYTES = 64 * MiB
+MAX_PER_AUTHOR = 1024
+MAX_PROVIDERS_PER_KEY = 64
+MAX_PROVIDER_KEYS = 65536
+MAX_PROVIDERS = 262144
 
 _RECORD_COLUMNS = ", ".join(field.name for field in dataclasses.fields(Record))
 _SCHEMA = """
@@ -179,9 +186,9 @@ class RecordStore:
         own_id: bytes,
         validators: Validators,
         *,
-        max_records: int = 65536,
-        max_bytes: int = 64 * MiB,
-        max_per_author: int = 1024,
+        max_records: int = MAX_RECORDS,
+        max_bytes: int = MAX_RECORD_BYTES,
+        max_per_author: int = MAX_PER_AUTHOR,
         now: float | None = None,
     ) -> None:
         """Open the store, loading the records saved in ``db`` that are still
@@ -330,9 +337,9 @@ class ProviderStore:
         self,
         db: Database | None,
         *,
-        max_per_key: int = 64,
-        max_keys: int = 65536,
-        max_total: int = 262144,
+        max_per_key: int = MAX_PROVIDERS_PER_KEY,
+        max_keys: int = MAX_PROVIDER_KEYS,
+        max_total: int = MAX_PROVIDERS,
         now: float | None = None,
     ) -> None:
         """Open the store, loading the entries saved in ``db`` that are still

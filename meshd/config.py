@@ -2,8 +2,10 @@
 
 The core's sections are the dataclasses below; each service brings its own
 section (see :class:`meshd.daemon.Config`).  Unknown sections or keys, values of
-the wrong type, and values outside a key's choices are errors that name the
-key, so a typo is never silently ignored.  ``render`` writes every key with
+the wrong type, and values outside a key's choices or bounds are errors that
+name the key, so a typo is never silently ignored.  A section's field declares
+them in its metadata: ``"choices"``, and for a number ``"min"``, ``"max"``
+(inclusive) or ``"above"`` (exclusive).  ``render`` writes every key with
 its value, which is what ``meshd init`` puts on disk.
 """
 
@@ -79,7 +81,7 @@ class CoreConfig:
         return config
 
     def update(self, raw: dict, source: str = "override") -> None:
-        """Apply ``{section: {key: value}}``, checking every name and type."""
+        """Apply ``{section: {key: value}}``, checking every name, type and bound."""
         for section_name, values in raw.items():
             section = getattr(self, section_name, None)
             if not dataclasses.is_dataclass(section) or not isinstance(values, dict):
@@ -90,9 +92,11 @@ class CoreConfig:
                     raise ConfigError(f"{source}: unknown key {section_name}.{key}")
                 name = f"{section_name}.{key}"
                 value = _checked(value, getattr(section, key), name, source)
-                choices = fields[key].metadata.get("choices")
+                metadata = fields[key].metadata
+                choices = metadata.get("choices")
                 if choices and value not in choices:
                     raise ConfigError(f"{source}: {name} must be one of {', '.join(choices)}, not {value!r}")
+                _check_bounds(value, metadata, name, source)
                 setattr(section, key, value)
 
     def render(self) -> str:
@@ -122,6 +126,20 @@ def _checked(value: object, default: object, name: str, source: str) -> object:
     if type(value) is not expected:
         raise ConfigError(f"{source}: {name} must be {expected.__name__}, not {type(value).__name__}")
     return value
+
+
+def _check_bounds(value: object, metadata, name: str, source: str) -> None:
+    """ConfigError naming the key if ``value`` is outside the bounds its field declares."""
+    low, high, above = metadata.get("min"), metadata.get("max"), metadata.get("above")
+    # written so that NaN fails every bound
+    if low is not None and high is not None and not low <= value <= high:
+        raise ConfigError(f"{source}: {name} must be from {low} to {high}, not {value!r}")
+    if low is not None and not value >= low:
+        raise ConfigError(f"{source}: {name} must be at least {low}, not {value!r}")
+    if high is not None and not value <= high:
+        raise ConfigError(f"{source}: {name} must be at most {high}, not {value!r}")
+    if above is not None and not value > above:
+        raise ConfigError(f"{source}: {name} must be more than {above}, not {value!r}")
 
 
 def _toml_value(value: object) -> str:

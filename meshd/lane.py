@@ -18,7 +18,8 @@ token method (``shards.lane``, ``learning.lane``); the protocol:
 4. Frames: 4-byte big-endian length n, then n bytes sealed under the sender's
    key with nonce = 4 zero bytes + a 64-bit frame counter from 0, the length
    as associated data.  Server frame 0 is empty: "lane up".  Client frames
-   are requests: msgpack lists of 1-256 32-byte ids.  The server answers each
+   are requests: msgpack lists of 1-256 32-byte ids (the server's
+   ``max_ids``; a client sends at most its own).  The server answers each
    id in order with a frame of its bytes, or an empty frame: "not here" (the
    empty chunk, EMPTY_ID, is b"" either way).  Requests may be pipelined.
 
@@ -67,7 +68,6 @@ MAX_IDS = 256
 TAG = 16
 EMPTY_ID = blake3.blake3(b"").digest()
 _HELLO = 48
-_MAX_REQUEST = MAX_IDS * 35 + 16 + TAG  # msgpack: 3 bytes per bin8 id + array header
 _PREFIX = bytes(4)
 
 GetChunk = Callable[[bytes], "bytes | None | Awaitable[bytes | None]"]
@@ -172,12 +172,20 @@ def _drop(counts: Counter, key) -> None:
         del counts[key]
 
 
-def _parse_request(payload: bytes) -> list[bytes]:
-    ids = msgpack.unpackb(payload, max_array_len=MAX_IDS, max_bin_len=32, max_str_len=0,
+def _max_request(max_ids: int) -> int:
+    """Bytes of a sealed request of ``max_ids`` ids: 3 bytes per bin8 id + an array header."""
+    return max_ids * 35 + 16 + TAG
+
+
+_MAX_REQUEST = _max_request(MAX_IDS)
+
+
+def _parse_request(payload: bytes, max_ids: int = MAX_IDS) -> list[bytes]:
+    ids = msgpack.unpackb(payload, max_array_len=max_ids, max_bin_len=32, max_str_len=0,
                           max_map_len=0, max_ext_len=0)
-    if not (isinstance(ids, list) and 0 < len(ids) <= MAX_IDS
+    if not (isinstance(ids, list) and 0 < len(ids) <= max_ids
             and all(isinstance(cid, bytes) and len(cid) == 32 for cid in ids)):
-        raise ValueError("a request is a list of 1-256 32-byte ids")
+        raise ValueError(f"a request is a list of 1-{max_ids} 32-byte ids")
     return ids
 
 
@@ -185,7 +193,8 @@ class LaneServer:
     """Serves ``get_chunk(id)`` to peers over TCP lanes.  ``get_chunk`` returns bytes or
     None, or an awaitable of either: a plain function runs on the trio thread, so one
     that reads disk should be async (e.g. ``trio.to_thread.run_sync`` inside).  Chunks
-    over ``max_chunk`` bytes are served as "not here".  With ``read_ahead`` = n, a lane
+    over ``max_chunk`` bytes are served as "not here"; a request of more than ``max_ids``
+    ids closes its lane.  With ``read_ahead`` = n, a lane
     gets up to n chunks ahead of the one it is sending (so reading one overlaps sealing
     and sending the last); with 0, each is got only once the one before was sent (what
     a ``get_chunk`` that counts what was sent, or returns views it may reuse, needs)."""
@@ -193,14 +202,14 @@ class LaneServer:
     def __init__(self, node, get_chunk: GetChunk, *, host: str | None = None, max_chunk: int = MAX_CHUNK,
                  token_ttl: float = 30.0, tokens_per_peer: int = 8, max_tokens: int = 1024,
                  conns_per_peer: int = 4, max_conns: int = 32, handshake_timeout: float = 5.0,
-                 idle_timeout: float = 60.0, read_ahead: int = 0,
+                 idle_timeout: float = 60.0, read_ahead: int = 0, max_ids: int = MAX_IDS,
                  clock: Callable[[], float] = trio.current_time):
         self.node, self.get_chunk, self.host = node, get_chunk, host
         self.max_chunk, self.token_ttl, self.clock = max_chunk, token_ttl, clock
         self.tokens_per_peer, self.max_tokens = tokens_per_peer, max_tokens
         self.conns_per_peer, self.max_conns = conns_per_peer, max_conns
         self.handshake_timeout, self.idle_timeout = handshake_timeout, idle_timeout
-        self.read_ahead = read_ahead
+        self.read_ahead, self.max_ids = read_ahead, max_ids
         self.port: int | None = None
         self._tokens: dict[bytes, _Token] = {}  # by token id
         self._peer_tokens: Counter[PeerId] = Counter()
@@ -273,7 +282,7 @@ class LaneServer:
             peer = tok.peer
             self._peer_conns[peer] += 1
             c2s, s2c = _keys(tok.token, tok.nonce, bytes(raw[32:]), peer, self.node.peer_id)
-            rx, tx = _Framer(stream, c2s, _MAX_REQUEST), _Framer(stream, s2c, self.max_chunk + TAG)
+            rx, tx = _Framer(stream, c2s, _max_request(self.max_ids)), _Framer(stream, s2c, self.max_chunk + TAG)
             await tx.send(b"")
             await self._serve(rx, tx)
         except* (LaneError, ValueError, msgpack.UnpackException, trio.TooSlowError,
@@ -331,7 +340,7 @@ class LaneServer:
             nursery.start_soon(answer)
             nursery.start_soon(watchdog)
             while (payload := await rx.receive()) is not None:
-                ids = _parse_request(payload)
+                ids = _parse_request(payload, self.max_ids)
                 pending, last = pending + 1, trio.current_time()
                 await send.send(ids)
             nursery.cancel_scope.cancel()  # the client left
@@ -341,9 +350,9 @@ class Lane:
     """A client's open lane to one peer; ``fetch`` chunks, then ``aclose`` (or ``async with``)."""
 
     def __init__(self, stream: trio.SocketStream, rx: _Framer, tx: _Framer, *,
-                 window: int = 2, read_timeout: float = 30.0):
+                 window: int = 2, read_timeout: float = 30.0, max_ids: int = MAX_IDS):
         self._stream, self._rx, self._tx = stream, rx, tx
-        self.window, self.read_timeout = window, read_timeout
+        self.window, self.read_timeout, self.max_ids = window, read_timeout, max_ids
         self._busy = self._broken = False
 
     async def fetch(self, ids: Iterable[bytes], *, borrow: bool = False,
@@ -356,7 +365,7 @@ class Lane:
         may give where to open a chunk of ``n`` bytes (a writable view of exactly
         ``n`` bytes, e.g. its place in the tensor it belongs to: no allocation and
         no copy; None: as without it); the chunk yielded is then that view.
-        Requests go out ``window`` batches of 256 ahead, so the server never idles.
+        Requests go out ``window`` batches of ``max_ids`` (256) ahead, so the server never idles.
         Raises LaneError (the lane is then closed) if the lane breaks or a frame
         fails authentication: nothing unauthenticated is ever yielded.  Leaving
         the loop before the last item closes the lane (once the generator is
@@ -369,7 +378,7 @@ class Lane:
         if not ids:
             return
         self._busy, left = True, len(ids)
-        batches = [ids[i:i + MAX_IDS] for i in range(0, len(ids), MAX_IDS)]
+        batches = [ids[i:i + self.max_ids] for i in range(0, len(ids), self.max_ids)]
         sent = 0
         try:
             for i, batch in enumerate(batches):
@@ -405,12 +414,13 @@ class Lane:
 
 
 async def open_lane(node, peer: PeerId, *, method: str, timeout: float = 10,
-                    max_chunk: int = MAX_CHUNK) -> Lane | None:
+                    max_chunk: int = MAX_CHUNK, max_ids: int = MAX_IDS) -> Lane | None:
     """A lane to ``peer``'s server whose tokens RPC ``method`` issues, or None (use
     QUIC) when: no live QUIC connection to it, or only a relayed or hole-punched one
     (its NAT would not let TCP in); ``method``
     fails (e.g. UNKNOWN_METHOD: the peer serves no lane; RESOURCE_EXHAUSTED); or the
-    TCP connection or its handshake fails, all within ``timeout`` seconds."""
+    TCP connection or its handshake fails, all within ``timeout`` seconds.  The lane
+    takes chunks of at most ``max_chunk`` bytes and asks for ``max_ids`` at a time."""
     conn = node.live(peer)
     if conn is None or conn.remote_addr[0] == VIRTUAL_HOST or conn.path != "direct":
         return None
@@ -427,10 +437,10 @@ async def open_lane(node, peer: PeerId, *, method: str, timeout: float = 10,
             cnonce = os.urandom(16)
             c2s, s2c = _keys(token, snonce, cnonce, node.peer_id, peer)
             await stream.send_all(_token_id(token) + cnonce)
-            rx, tx = _Framer(stream, s2c, max_chunk + TAG), _Framer(stream, c2s, _MAX_REQUEST)
+            rx, tx = _Framer(stream, s2c, max_chunk + TAG), _Framer(stream, c2s, _max_request(max_ids))
             if await rx.receive() != b"":
                 raise LaneError("no lane handshake")
-            return Lane(stream, rx, tx)
+            return Lane(stream, rx, tx, max_ids=max_ids)
         except (RpcError, LaneError, OSError, KeyError, TypeError, trio.BrokenResourceError) as exc:
             log.debug("no lane to %s: %r", peer, exc)
     if stream is not None:

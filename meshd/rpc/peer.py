@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterable, Awaitable, Callable, Iterable, Protocol
 
 import trio
@@ -23,6 +23,10 @@ class RpcConfig:
     max_frame: int = 16 << 20
     max_calls_per_peer: int = 256
     default_timeout: float = 30.0
+    # seconds a new stream has to deliver its request, then it is ended
+    first_frame_timeout: float = field(default=10.0, metadata={"above": 0, "max": 3600.0})
+    # seconds a served call may run at most, whatever deadline its caller sent
+    max_call_timeout: float = field(default=3600.0, metadata={"above": 0, "max": 86400.0})
 
 
 class _Connection(Protocol):
@@ -41,7 +45,8 @@ class PeerRpc:
         self._config = config
         self._openers: dict[PeerId, Callable] = {}
         self.server = RpcServer(
-            max_frame=config.max_frame, max_calls_per_peer=config.max_calls_per_peer
+            max_frame=config.max_frame, max_calls_per_peer=config.max_calls_per_peer,
+            first_frame_timeout=config.first_frame_timeout, max_call_timeout=config.max_call_timeout,
         )
         self._observer: CallTable | None = None
 

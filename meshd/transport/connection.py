@@ -83,6 +83,7 @@ class PeerConnection:
         stream_window: int,
         connection_window: int,
         keepalive_interval: float,
+        send_high_water: int = SEND_HIGH_WATER,
     ):
         self.endpoint = endpoint
         self.quic = quic
@@ -103,6 +104,7 @@ class PeerConnection:
         self._idle = trio.lowlevel.ParkingLot()  # wait_idle() callers
         self._blocked: set[QuicCallStream] = set()
         self._stream_window = stream_window
+        self.send_high_water = send_high_water  # unacknowledged bytes of a stream beyond which its writer waits
         self._connection_window = connection_window
         self._consumed_total = 0
         self._consumed: dict[int, int] = {}
@@ -405,7 +407,7 @@ class PeerConnection:
 
     def _wake_writers(self) -> None:
         for stream in list(self._blocked):
-            if self.send_buffered(stream.stream_id) < SEND_HIGH_WATER:
+            if self.send_buffered(stream.stream_id) < self.send_high_water:
                 self._blocked.discard(stream)
                 stream.writable_again()
 

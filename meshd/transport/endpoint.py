@@ -18,7 +18,7 @@ import ssl
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import trio
@@ -34,6 +34,7 @@ from aioquic.quic.retry import QuicRetryTokenHandler
 
 from ..identity import Identity, PeerId
 from .connection import ALPN, CLOSE_REFUSED, PeerConnection
+from .stream import SEND_HIGH_WATER
 from .pmtu import UDP_IPV4_OVERHEAD, UDP_IPV6_OVERHEAD, ladder
 from .quic import MeshQuicConnection
 from .tls import identity_certificate
@@ -42,8 +43,6 @@ log = logging.getLogger("meshd.transport")
 
 VIRTUAL_HOST = "relay"  # host part of a virtual path's address
 _MAX_DIALED = 4096
-_RECV_BATCH = 16  # datagrams per wake-up: bigger batches delay ACKs and credit (measured: 128 cut bulk to ~110 MB/s)
-_SOCKET_BUFFER = 8 << 20
 _MIN_INITIAL = 1200
 AIOQUIC_MAX_DATAGRAM = 16000  # aioquic writes frame lengths in 2 bytes: larger datagrams break
 # Linux <netinet/in.h>, <linux/in6.h>: Python's socket module lacks most of them
@@ -73,6 +72,13 @@ class TransportConfig:
     ack_with_data: bool = True  # ACKs ride on data or go every 2nd packet (False: each at once, alone)
     retry_above: int = 16  # handshakes in progress beyond which a new dialer must first prove its address (Retry)
     close_idle_after: float = 120.0  # close a connection without streams this long (0: never)
+    # streams a peer may have open at once on one connection (QUIC MAX_STREAMS; raised as they end)
+    max_streams: int = field(default=128, metadata={"min": 1, "max": 1 << 20})
+    # bytes of one stream sent and not yet acknowledged beyond which its writer waits
+    send_high_water: int = field(default=SEND_HIGH_WATER, metadata={"min": 16 << 10, "max": 1 << 30})
+    # datagrams read per wake-up: bigger batches delay ACKs and credit (measured: 128 cut bulk to ~110 MB/s)
+    recv_batch: int = field(default=16, metadata={"min": 1, "max": 1024})
+    socket_buffer: int = field(default=8 << 20, metadata={"min": 64 << 10, "max": 1 << 30})  # UDP SO_RCVBUF/SO_SNDBUF
 
 
 def _never_fragment(sock: socket.socket) -> None:
@@ -157,9 +163,9 @@ class Endpoint:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             for opt, forced in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):
                 try:
-                    sock.setsockopt(socket.SOL_SOCKET, forced, _SOCKET_BUFFER)  # *BUFFORCE, as root
+                    sock.setsockopt(socket.SOL_SOCKET, forced, self.config.socket_buffer)  # *BUFFORCE, as root
                 except OSError:
-                    sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
+                    sock.setsockopt(socket.SOL_SOCKET, opt, self.config.socket_buffer)
             _never_fragment(sock)
             sock.setblocking(False)
             sock.bind((host, port))
@@ -208,12 +214,12 @@ class Endpoint:
         return True
 
     async def _receive_loop(self) -> None:
-        sock = self._sock
+        sock, batch = self._sock, self.config.recv_batch
         while True:
             await trio.lowlevel.wait_readable(sock)
             now = trio.current_time()
             dirty: dict[PeerConnection, None] = {}
-            for _ in range(_RECV_BATCH):
+            for _ in range(batch):
                 try:
                     data, addr = sock.recvfrom(65536)
                 except BlockingIOError:
@@ -258,7 +264,8 @@ class Endpoint:
     def _new_quic(self, is_client: bool, addr: tuple, **kwargs) -> MeshQuicConnection:
         """A QUIC state machine for a path to ``addr`` (big datagrams on loopback and relays)."""
         size = self._fixed_size(addr) or self.config.max_datagram_size
-        quic = MeshQuicConnection(configuration=self._quic_config(is_client, size), **kwargs)
+        quic = MeshQuicConnection(configuration=self._quic_config(is_client, size),
+                                  max_streams=self.config.max_streams, **kwargs)
         if not self.config.ack_with_data:
             quic.ack_at_once()
         return quic
@@ -311,7 +318,7 @@ class Endpoint:
         conn = PeerConnection(
             self, quic, addr, dialed=dialed, expected_peer=expected_peer,
             stream_window=cfg.stream_window, connection_window=cfg.connection_window,
-            keepalive_interval=cfg.keepalive_interval,
+            keepalive_interval=cfg.keepalive_interval, send_high_water=cfg.send_high_water,
         )
         if addr[0] == VIRTUAL_HOST:
             conn.path = addr[2]

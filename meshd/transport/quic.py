@@ -16,7 +16,7 @@ from typing import Callable
 from aioquic import tls as quic_tls
 from aioquic.buffer import Buffer
 from aioquic.quic import events as ev
-from aioquic.quic.connection import END_STATES, QuicConnection, QuicConnectionState
+from aioquic.quic.connection import END_STATES, Limit, QuicConnection, QuicConnectionState
 from aioquic.quic.packet import QuicFrameType, QuicPacketType, pull_quic_transport_parameters
 from aioquic.quic.packet_builder import QuicDeliveryState, QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketRecovery
@@ -92,6 +92,7 @@ def _largest_big_acked(ack_rangeset, sent_packets: dict, base: int) -> tuple[int
 
 
 ACK_DELAY = 0.001  # seconds an ACK waits for data to ride on (aioquic's own delay)
+MAX_STREAMS = 128  # streams a peer may have open at once on a connection (aioquic's own limit)
 
 
 class MeshQuicConnection(QuicConnection):
@@ -113,8 +114,12 @@ class MeshQuicConnection(QuicConnection):
       PTO and makes nothing be retransmitted (RFC 9000 section 14.4).
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, max_streams: int = MAX_STREAMS, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # Streams the peer may have open at once, each way (aioquic fixes 128; it raises
+        # the limit by one as each ends).  Read when the transport parameters are built.
+        self._local_max_streams_bidi = Limit(QuicFrameType.MAX_STREAMS_BIDI, "max_streams_bidi", max_streams)
+        self._local_max_streams_uni = Limit(QuicFrameType.MAX_STREAMS_UNI, "max_streams_uni", max_streams)
         self._ack_delay = ACK_DELAY
         self._unacked = 0  # packets received since our last ACK (datagrams, as a proxy)
         self._ack_with_data = True

@@ -1,6 +1,7 @@
 """One bidirectional QUIC stream as a CallStream, with backpressure both ways.
 
-Sending waits while more than ``SEND_HIGH_WATER`` bytes of this stream are
+Sending waits while more than the connection's ``send_high_water`` bytes
+(``transport.send_high_water``, default ``SEND_HIGH_WATER``) of this stream are
 unacknowledged, so a slow reader slows the writer instead of growing a buffer.
 Receiving grants the peer flow-control credit only for bytes the application
 has read (see ``PeerConnection.consumed``), so a reader that stops reading
@@ -15,7 +16,7 @@ import trio
 
 from ..streams import StreamAborted, StreamRefused
 
-SEND_HIGH_WATER = 4 << 20  # with ACKs every 16 datagrams, 1 MiB left the sender idle
+SEND_HIGH_WATER = 4 << 20  # the default; with ACKs every 16 datagrams, 1 MiB left the sender idle
 
 
 class StreamOwner(Protocol):
@@ -25,6 +26,8 @@ class StreamOwner(Protocol):
     ``data_received``, ``peer_aborted``, ``peer_stopped_sending`` and
     ``writable_again``.
     """
+
+    send_high_water: int  # unacknowledged bytes of a stream beyond which its writer waits
 
     def send_buffered(self, stream_id: int) -> int:
         """Bytes written on the stream and not yet acknowledged by the peer."""
@@ -38,7 +41,7 @@ class StreamOwner(Protocol):
 
     def wait_for_acks(self, stream: QuicCallStream) -> None:
         """Call ``stream.writable_again()`` once its unacknowledged bytes fall
-        below ``SEND_HIGH_WATER``."""
+        below ``send_high_water``."""
 
     def consumed(self, stream: QuicCallStream, nbytes: int) -> None:
         """The application took ``nbytes``: give the peer that much more credit."""
@@ -94,7 +97,7 @@ class QuicCallStream:
         view = memoryview(data)
         while True:
             self._check_sendable()
-            room = SEND_HIGH_WATER - conn.send_buffered(self.stream_id)
+            room = conn.send_high_water - conn.send_buffered(self.stream_id)
             if room > 0:
                 chunk = view[:room]  # aioquic copies it into its send buffer
                 view = view[len(chunk):]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from crdt.change import MAX_CHANGE, MAX_OPS
 
 
 @dataclass
@@ -15,3 +17,6 @@ class CrdtSection:
     max_pending: int = 10_000  # early changes held per document while their dependencies arrive
     peer_rate: float = 2000.0  # new changes per second one peer may send (each costs a signature check)
     peer_burst: int = 20_000  # ... and at once, e.g. a whole document to a new replica
+    # bytes of one change, made here or taken from a peer (at most 8 MiB: a change must fit an RPC frame)
+    max_change: int = field(default=MAX_CHANGE, metadata={"min": 1024, "max": 8 << 20})
+    max_ops: int = field(default=MAX_OPS, metadata={"min": 1, "max": 100_000})  # operations in one change

@@ -28,7 +28,6 @@ from ...rpc import InvalidArgument, NotFound, ResourceExhausted, RpcError
 from ...rpc.args import field, to_peer
 from .replica import WATCH_BUFFER, DocError, Replica, plain
 
-_MAX_OPS = 10_000
 _ARITY = {"set": 2, "assign": 2, "inc": 2, "grow": 2, "add": 2, "remove": 2, "delete": 1, "grant": 2, "revoke": 2}
 
 
@@ -80,8 +79,8 @@ def control_methods(docs, me: PeerId) -> dict:
     async def write(arg, ctx):
         replica = replica_of(arg)
         entries = arg.get("ops")
-        if not isinstance(entries, list) or not 0 < len(entries) <= _MAX_OPS:
-            raise InvalidArgument(f"ops must be a list of 1 to {_MAX_OPS} operations")
+        if not isinstance(entries, list) or not 0 < len(entries) <= docs.max_ops:
+            raise InvalidArgument(f"ops must be a list of 1 to {docs.max_ops} operations")
         try:
             change = await docs.write_shared(replica, lambda tx: _record(tx, entries))
         except DocError as exc:

@@ -105,9 +105,18 @@ class Crdt:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for owner, name in self.store.documents():
-                self._start(self.store.load(owner, name, max_pending=self._config.max_pending))
+                self._start(self.store.load(owner, name, **self._doc_options()))
             task_status.started()
             await trio.sleep_forever()
+
+    def _doc_options(self) -> dict:
+        config = self._config
+        return {"max_pending": config.max_pending, "max_change": config.max_change, "max_ops": config.max_ops}
+
+    @property
+    def max_ops(self) -> int:
+        """Operations one change may hold here (``crdt.max_ops``)."""
+        return self._config.max_ops
 
     def _start(self, doc: Document) -> Replica:
         replica = self._replicas[doc.id] = Replica(doc)
@@ -128,7 +137,7 @@ class Crdt:
             return replica
         if owner == self._node.peer_id.key and not create:
             raise DocError(f"no document {name!r} here (create it first)")
-        doc = Document(owner, name, max_pending=self._config.max_pending)
+        doc = Document(owner, name, **self._doc_options())
         self.store.add_document(doc)
         replica = self._start(doc)
         if owner != self._node.peer_id.key:
@@ -276,7 +285,8 @@ class Crdt:
         try:
             for wire in wires:
                 try:
-                    change = decode_change(wire, verify=False)
+                    change = decode_change(wire, verify=False, max_change=self._config.max_change,
+                                           max_ops=self._config.max_ops)
                     if change.id in replica.doc:
                         continue  # a copy we have: most pushes are, so skip the signature check
                     if not self._limiter.allow(source, trio.current_time()):

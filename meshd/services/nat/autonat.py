@@ -11,7 +11,7 @@ their connection to each other); it closes when idle, like any other.
 
 Only the address A itself observed is dialed, never one N names, so the
 service cannot be used to aim traffic at third parties; each requester gets
-one dial-back per ``REQUEST_INTERVAL``.  Those rules and the verdict are
+one dial-back per ``nat.autonat_interval`` (``REQUEST_INTERVAL``, 10 s).  Those rules and the verdict are
 :mod:`nat.autonat`'s; this module does the I/O.
 """
 
@@ -40,11 +40,12 @@ log = logging.getLogger("meshd.autonat")
 class AutoNat:
     """Serves both AutoNAT roles on a node and keeps its own verdict (a :class:`nat.autonat.Verdict`)."""
 
-    def __init__(self, host: Host, stun: NodeStun, rng: random.Random | None = None):
+    def __init__(self, host: Host, stun: NodeStun, rng: random.Random | None = None, *,
+                 request_interval: float = REQUEST_INTERVAL):
         self._node = host
         self._stun = stun
         self._rng = rng or random.Random()
-        self._requests = PerPeerInterval(REQUEST_INTERVAL, "AutoNAT request")
+        self._requests = PerPeerInterval(request_interval, "AutoNAT request")  # served per peer
         self.verdict = Verdict()
         self.settled = trio.Event()  # the first round of checks ended, with a verdict or without
         self.changed = trio.lowlevel.ParkingLot()  # unparked whenever the status changes

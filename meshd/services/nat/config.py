@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nat.autonat import REQUEST_INTERVAL
+
 
 @dataclass
 class NatSection:
@@ -16,6 +18,8 @@ class NatSection:
     host_candidates: bool = True  # offer our interface addresses when punching (peers at one site)
     lan_discovery: bool = True  # multicast beacons on private-network interfaces: find LAN peers
     lan_interval: float = 30.0  # seconds between LAN beacons after the first few
+    # seconds between the AutoNAT requests (dial-backs arranged) this node serves for one peer
+    autonat_interval: float = field(default=REQUEST_INTERVAL, metadata={"above": 0, "max": 86400.0})
 
 
 @dataclass

@@ -47,7 +47,7 @@ class Nat:
         self.config = config
         self.configured_stun = [HostPort.parse(text) for text in config.stun_servers]
         self.stun = NodeStun(host.endpoint)
-        self.autonat = AutoNat(host, self.stun)
+        self.autonat = AutoNat(host, self.stun, request_interval=config.autonat_interval)
         self.relay = Relay(host, relay)
         self.portmap = PortMapper(host.endpoint, config.port_mapping_protocols, config.port_mapping_lifetime)
         self.puncher = HolePuncher(host, self.stun, self.portmap, self.stun_servers,

@@ -107,7 +107,8 @@ class Shards:
                 self.store.unpin(model)
         self.fetches: dict[bytes, Progress] = {}
         # read_ahead: reading (and re-hashing) the next chunk overlaps sealing and sending this one
-        self._lane = LaneServer(host, self._read, read_ahead=1) if config.lane else None
+        self._lane = LaneServer(host, self._read, read_ahead=1, max_chunk=config.lane_max_chunk,
+                                max_ids=config.lane_max_ids) if config.lane else None
 
     @property
     def host(self) -> Host:
@@ -117,6 +118,12 @@ class Shards:
     @property
     def lane_enabled(self) -> bool:
         return self._lane is not None
+
+    async def open_lane(self, peer: PeerId) -> Lane | None:
+        """A bulk lane to ``peer``, with this node's lane limits; None: use QUIC."""
+        config = self._config
+        return await open_lane(self._node, peer, method=LANE_METHOD, max_chunk=config.lane_max_chunk,
+                               max_ids=config.lane_max_ids)
 
     def rpc_methods(self) -> dict:
         methods = {"shards.manifest": self._serve_manifest, "shards.chunks": self._serve_chunks}
@@ -544,7 +551,7 @@ class _Download:
         Chunks come over the peer's bulk lane when it has a direct path and
         serves one, else (or once the lane fails) over QUIC."""
         stats = self.progress.providers.setdefault(str(peer), {"bytes": 0, "mb_s": 0.0, "state": "fetching"})
-        lane = await open_lane(self.shards.host, peer, method=LANE_METHOD) if self.shards.lane_enabled else None
+        lane = await self.shards.open_lane(peer) if self.shards.lane_enabled else None
         stats["path"] = "lane" if lane else "quic"
         rate, batch_size = 0.0, _FIRST_BATCH
         self.workers += 1
