@@ -1,9 +1,12 @@
 """Expert ensembles on the mesh: serving throughput, DDM sampling quality, faults, HDEE.
 
-    .venv/bin/python benchmarks/experts.py [--quick] [--skip serving,ddm,digits,faults,hdee] [--json FILE]
+    .venv/bin/python benchmarks/experts.py [--quick] [--skip PARTS | --only PARTS] [--json FILE]
 
-Every expert is served by its own meshd node (in this process, real QUIC over
-127.0.0.1, the service's defaults); callers are another node.  One table per
+PARTS: serving, ddm, digits, faults, hdee-faults, hdee (``--only faults`` runs both fault parts).
+
+Every expert is served by its own meshd node (in this process, or where said
+in a child process, ``experts_kit.expert_process``; real QUIC over 127.0.0.1,
+the service's defaults); callers are another node.  One table per
 part, each with its comparison from the same run:
 
 * **serving**: one MLP expert (2048-8192-2048) served by a node in its own
@@ -30,10 +33,15 @@ part, each with its comparison from the same run:
   the 10 classes reported: how many get at least half their fair share
   (``classes``), the labels' entropy in bits (3.32 when even) and the largest
   and smallest class's share (which digit, in brackets).
-* **faults**: DDM sampling (top2) where one expert's node stops halfway:
-  the run completes, says which expert it dropped, and its MMD; and HDEE
-  decoding (next-token distributions of a growing text) over 3 LM experts
-  on their own nodes, one of which stops halfway (``hdee-faults``).
+* **faults**: DDM sampling (top2) with expert c1 served by a process of its
+  own, SIGKILLed (by pid) during the middle Euler step: the run completes,
+  says in which steps c1 answered and from which it was dropped, how long the
+  run and its slowest step took, and MMD² beside the same run with no fault;
+  and (``hdee-faults``) HDEE decoding, byte by byte, of licence text over 3
+  LM experts (one per domain, each on its own node), the licences expert's
+  process SIGKILLed during the middle step: the same report with bits per
+  byte, and the gap to the same mixture computed in process over the
+  experts that answered each step.
 * **hdee**: character-level LMs (a GRU over bytes) on three text domains
   (Python stdlib source, Debian licence texts, Debian changelogs) and man
   pages for evaluation only: a seed model on the mix branched per domain,
@@ -54,9 +62,7 @@ The digits part prints the same ratios as the grid's DDM targets, without target
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -74,7 +80,6 @@ from rich.table import Table  # noqa: E402
 import meshd  # noqa: E402
 import meshd.experts as mx  # noqa: E402
 from benchmarks.parts import log, run_anchor, run_parts, save_json, stop_on_sigterm  # noqa: E402
-from meshd.testing.nodes import node_until_cancelled  # noqa: E402
 
 
 async def open_nodes(stack: AsyncExitStack, root: Path, count: int) -> list:
@@ -101,18 +106,9 @@ WIDTH = 2048  # the serving expert: WIDTH -> 4 WIDTH -> WIDTH, 33.6 M parameters
 
 
 def mlp(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.ReLU(), torch.nn.Linear(4 * WIDTH, WIDTH))
+    from meshd.testing import experts_kit as kit
 
-
-async def serve_mlp(path: str, max_batch: int) -> None:
-    """The serving benchmark's expert in a process of its own (as hivemind's server is): prints the
-    node's address, serves until stdin closes."""
-    torch.set_num_threads(1)
-    async with meshd.open_node(path, listen="127.0.0.1:0") as node:
-        await mx.serve(node, mlp(0), expert_id="mlp", max_batch=max_batch, max_wait_ms=2)
-        print(node.address, flush=True)
-        await trio.to_thread.run_sync(sys.stdin.read)
+    return kit.mlp(WIDTH, seed=seed)
 
 
 def in_process_rate(module, batch: int, seconds: float) -> float:
@@ -150,6 +146,8 @@ async def load(experts: list, callers: int, seconds: float) -> tuple[float, list
 
 
 async def serving(args, root: Path) -> list[dict]:
+    from meshd.testing import experts_kit as kit
+
     torch.set_num_threads(1)
     module, rows = mlp(0), []
     for batch in (64, 1):
@@ -158,18 +156,13 @@ async def serving(args, root: Path) -> list[dict]:
     results = {}
     for name, max_batch in (("batching on", 64), ("batching off", 1)):
         data = root / name.replace(" ", "-")
-        server = subprocess.Popen([sys.executable, __file__, "--serve-mlp", str(data / "server"), "--max-batch",
-                                   str(max_batch)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            address = (await trio.to_thread.run_sync(server.stdout.readline)).strip()
-            async with meshd.open_node(data / "client", listen="127.0.0.1:0", bootstrap=[address]) as client:
-                await client.connect(address)
+        server = kit.ExpertSpec("mlp", "mlp", {"width": WIDTH, "seed": 0}, max_batch=max_batch, max_wait_ms=2)
+        async with kit.expert_process(data / "server", [server]) as process:  # its own process, as hivemind's is
+            async with meshd.open_node(data / "client", listen="127.0.0.1:0", bootstrap=[process.address]) as client:
+                await client.connect(process.address)
                 expert = mx.RemoteExpert(client, "mlp")
                 await expert.call(torch.randn(1, WIDTH))  # lookup and connection, unmeasured
                 rate, lat, batches = await load([expert], args.callers, args.seconds)
-        finally:
-            server.stdin.close()
-            server.wait(30)
         results[name] = rate
         rows.append({"part": "serving", "what": f"1 expert in its own process, {args.callers} callers, {name}",
                      "rows/s": rate,
@@ -208,20 +201,24 @@ async def serving(args, root: Path) -> list[dict]:
 MODES = (("full", "full", 2), ("top2", "topk", 2), ("top1", "top1", 1), ("uniform", "uniform", 2))
 
 
-def ddm_models(args) -> dict:
+def ddm_models(args, monolith: bool = True) -> dict:
     from meshd.testing import experts_kit as kit
 
     started = time.perf_counter()
-    models = kit.train_ddm(args.ddm_steps, args.samples, monolith=True)
-    log(f"[ddm] trained 4 experts, the router and the monolith in {time.perf_counter() - started:.0f} s")
+    models = kit.train_ddm(args.ddm_steps, args.samples, monolith=monolith)
+    log(f"[ddm] trained 4 experts, the router{' and the monolith' if monolith else ''} in "
+        f"{time.perf_counter() - started:.0f} s")
     return models
 
 
-async def serve_ddm(stack: AsyncExitStack, root: Path, models: dict) -> list:
-    """K + 2 nodes: the K experts and the router each on its own, and a caller (the last)."""
+async def serve_ddm(stack: AsyncExitStack, root: Path, models: dict, elsewhere: tuple[int, ...] = ()) -> list:
+    """K + 2 nodes: the K experts and the router each on its own, and a caller (the last);
+    the experts numbered in ``elsewhere`` are left for the caller to serve (their nodes idle)."""
     count = len(models["experts"])
     nodes = await open_nodes(stack, root, count + 2)
     for k, expert in enumerate(models["experts"]):
+        if k in elsewhere:
+            continue
         await mx.serve(nodes[k], expert, expert_id=f"c{k}", kind="flow", domain=f"cluster {k}")
     await mx.serve(nodes[count], models["router"], expert_id="router", kind="router")
     return nodes
@@ -316,64 +313,176 @@ async def digits(args, root: Path, models: dict) -> list[dict]:
     return rows + await ddm(args, root, models, part="digits")
 
 
+async def steps_with_kill(steps: int, step, victim=None, kill_at: int | None = None) -> tuple[list, list, int | None]:
+    """``await step(i)`` for i in range(steps), the results and each one's seconds.  With
+    ``victim`` (an ``experts_kit.ExpertProcess``), another task SIGKILLs it by pid as soon as
+    step ``kill_at`` has begun (while that step's calls are in flight) and reaps it; the third
+    value is the first step that began after it was gone."""
+    reached, gone, results, seconds, first_after = trio.Event(), trio.Event(), [], [], None
+
+    async def kill() -> None:
+        await reached.wait()
+        victim.kill()
+        await victim.wait()
+        gone.set()
+
+    async with trio.open_nursery() as nursery:
+        if victim is not None:
+            nursery.start_soon(kill)
+        for i in range(steps):
+            if i == kill_at:
+                reached.set()
+            if first_after is None and gone.is_set():
+                first_after = i
+            started = time.perf_counter()
+            results.append(await step(i))
+            seconds.append(time.perf_counter() - started)
+        if not reached.is_set():  # kill_at past the last step: nothing to wait for
+            nursery.cancel_scope.cancel()
+    return results, seconds, first_after
+
+
+def spans(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, run = [], []
+    for i in sorted(indices):
+        if run and i != run[-1] + 1:
+            out.append(run)
+            run = []
+        run.append(i)
+    out += [run] if run else []
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in out) or "none"
+
+
+def timing(seconds: list[float]) -> str:
+    """The run's seconds, a step's median, and the steps that took over 0.5 s (a straggler wait is 1 s)."""
+    slow = ", ".join(f"{i} ({s:.2f} s)" for i, s in enumerate(seconds) if s > 0.5) or "none"
+    return f"{sum(seconds):.1f} s ({statistics.median(seconds) * 1000:.0f} ms a step median; steps over 0.5 s: {slow})"
+
+
 async def faults(args, root: Path, models: dict) -> list[dict]:
-    """top2 sampling where the node serving expert c1 stops halfway through."""
+    """top2 sampling with expert c1 served by a process of its own, once as is and once with
+    that process SIGKILLed (by pid) during step steps/2: the run completes, which steps c1
+    answered, how long it took, and MMD² with and without the fault."""
     from experts import ddm as math_
     from meshd.testing import experts_kit as kit
 
     torch.set_num_threads(1)
-    steps = args.ddm_sample_steps
+    steps, kill_at, victim_id = args.ddm_sample_steps, args.ddm_sample_steps // 2, "c1"
+    times, names, rows = math_.euler_times(steps), [f"c{i}" for i in range(len(models["experts"]))], []
     async with AsyncExitStack() as stack:
-        nodes = await serve_ddm(stack, root / "faults", models)
-        nodes[1].service("experts").unserve("c1")  # c1 moves to a node that will die
-        nursery = await stack.enter_async_context(trio.open_nursery())
-        victim, scope = await nursery.start(node_until_cancelled, root / "faults" / "victim", str(nodes[0].address))
-        await mx.serve(victim, models["experts"][1], expert_id="c1", kind="flow")
-        ens = mx.DDMEnsemble(nodes[5], [f"c{i}" for i in range(4)], "router", mode="topk", top_k=2)
-        sampled = mx.Sampled(torch.zeros(0), {}, {})
-        x = torch.randn(args.samples, 2, generator=torch.Generator().manual_seed(5))
-        started = time.perf_counter()
-        for i, t in enumerate(math_.euler_times(steps)):
-            if i == steps // 2:
-                scope.cancel()  # the victim node stops: its connections close
-                await trio.sleep(0)
-            x = math_.euler_step(x, await ens.velocity(x, t, sampled), 1 / steps)
-        nursery.cancel_scope.cancel()
-    why = next(iter(sampled.dropped.values()), "-")
-    return [{"part": "faults", "what": f"DDM top2, expert c1's node stopped at step {steps // 2} of {steps}",
-             "mmd2": kit.mmd(x, models["held"]), "evals": sum(sampled.rows.values()),
-             "detail": f"completed in {time.perf_counter() - started:.1f} s; dropped {sorted(sampled.dropped)} "
-                       f"({why[:80]})"}]
+        nodes = await serve_ddm(stack, root / "faults", models, elsewhere=(1,))
+        spec = kit.ExpertSpec.of(models["experts"][1], victim_id, kind="flow", domain="cluster 1")
+        victim = await stack.enter_async_context(
+            kit.expert_process(root / "faults" / "victim", [spec], bootstrap=str(nodes[0].address)))
+        scores = {}
+        for fault in (False, True):
+            ens = mx.DDMEnsemble(nodes[-1], names, "router", mode="topk", top_k=2)
+            for expert in (*ens.experts, ens.router):  # each found and connected before the clock starts
+                await expert.call(torch.zeros(1, models["dim"]), torch.zeros(1))
+            x = torch.randn(args.samples, models["dim"], generator=torch.Generator().manual_seed(5))
+
+            async def step(i: int) -> mx.Sampled:
+                nonlocal x
+                sampled = mx.Sampled(torch.zeros(0), {}, {})
+                x = math_.euler_step(x, await ens.velocity(x, times[i], sampled), 1 / steps)
+                return sampled
+
+            per_step, seconds, first_after = await steps_with_kill(steps, step, victim if fault else None, kill_at)
+            scores[fault] = kit.mmd(x, models["held"])
+            evals = sum(sum(s.rows.values()) for s in per_step)
+            answered = [i for i, s in enumerate(per_step) if victim_id in s.rows]
+            dropped = [i for i, s in enumerate(per_step) if victim_id in s.dropped]
+            why = next((s.dropped[victim_id] for s in per_step if victim_id in s.dropped), "")
+            if not fault:
+                rows.append({"part": "faults", "what": f"DDM top2, {victim_id} in its own process, no fault",
+                             "mmd2": scores[fault], "evals": evals,
+                             "detail": f"completed in {timing(seconds)}; {victim_id} evaluated rows in steps "
+                                       f"{spans(answered)}; dropped in steps {spans(dropped)}"})
+                continue
+            after = range(first_after if first_after is not None else steps, steps)
+            rows.append({"part": "faults", "what": f"DDM top2, {victim_id}'s process SIGKILLed during step {kill_at} "
+                                                   f"of {steps}", "mmd2": scores[fault], "evals": evals,
+                         "detail": f"completed in {timing(seconds)}; {victim_id} evaluated rows in steps "
+                                   f"{spans(answered)}, dropped in steps {spans(dropped)} (after the kill: "
+                                   f"{sum(victim_id not in per_step[i].rows for i in after)} of {len(after)} steps "
+                                   f"without it); MMD² {scores[True] / scores[False]:.1f}x the no-fault run's; "
+                                   f"why: {why[:90]}"})
+    return rows
 
 
-async def hdee_faults(args, root: Path) -> list[dict]:
-    """HDEE decoding (scoring growing prefixes of a text, as a decoder does token by token)
-    over 3 LM experts, each on its own node, where one node stops halfway."""
+def hdee_fault_models(args) -> dict:
+    """Three char LMs, one per trained domain, each ``--fault-lm-steps`` steps from scratch."""
     from meshd.testing import experts_kit as kit
 
     torch.set_num_threads(1)
-    text = kit.encode(kit.domain_text("licenses", 20_000))[:200]
+    started = time.perf_counter()
+    data = {d: kit.splits(d, args.hdee_chars) for d in kit.DOMAINS}
+    experts = {}
+    for i, d in enumerate(kit.DOMAINS):
+        experts[d] = kit.CharLM(width=args.hdee_width, seed=i)
+        kit.train_lm(experts[d], data[d]["train"], args.fault_lm_steps, seed=i)
+        experts[d].eval()
+    log(f"[hdee-faults] trained 3 LM experts in {time.perf_counter() - started:.0f} s")
+    return {"data": data, "experts": experts}
+
+
+async def hdee_faults(args, root: Path) -> list[dict]:
+    """HDEE decoding, byte by byte (each step asks every expert for the next byte's distribution
+    given the text so far), of ``--fault-tokens`` bytes of licence text over 3 LM experts, each
+    on its own node; the licences expert's node is a process of its own, SIGKILLed (by pid)
+    during the middle step of the second run: the run completes, which steps the expert answered,
+    how long it took, and bits per byte with and without the fault, beside the same mixture
+    computed in process over the experts that answered each step."""
+    from experts import hdee as mixing
+    from meshd.testing import experts_kit as kit
+
+    m = hdee_fault_models(args)
+    domains, victim_domain = list(kit.DOMAINS), "licenses"
+    ids = {d: f"lm-{d}" for d in domains}
+    victim_id, tokens = ids[victim_domain], args.fault_tokens
+    text = m["data"][victim_domain]["test"][:tokens + 2]
+    kill_at = tokens // 2
+    local = {ids[d]: kit.token_logprobs(m["experts"][d], text).double() for d in domains}  # [tokens + 1]
+    rows = []
     async with AsyncExitStack() as stack:
-        [first] = await open_nodes(stack, root / "hdee-faults", 1)
-        nursery = await stack.enter_async_context(trio.open_nursery())
-        servers = []
-        for i, name in enumerate(("code", "licenses", "changelogs")):
-            node, scope = await nursery.start(node_until_cancelled, root / "hdee-faults" / name, str(first.address))
-            await mx.serve(node, kit.CharLM(width=32, seed=i).eval(), expert_id=f"lm-{name}", kind="lm")
-            servers.append(scope)
-        ens = mx.HDEEEnsemble(first, ["lm-code", "lm-licenses", "lm-changelogs"])
-        answered, dropped, steps = [], {}, 20
-        started = time.perf_counter()
-        for step in range(steps):
-            if step == steps // 2:
-                servers[1].cancel()  # the node serving lm-licenses stops
-            _, scored = await ens.next_token_logprobs(text[:10 * (step + 1) + 2])
-            answered.append(len(scored.answered))
-            dropped.update(scored.dropped)
-        nursery.cancel_scope.cancel()
-    return [{"part": "faults", "what": f"HDEE decoding, 3 experts, lm-licenses' node stopped at step {steps // 2} "
-             f"of {steps}", "detail": f"completed in {time.perf_counter() - started:.1f} s; experts answering per "
-             f"step {answered}; dropped {sorted(dropped)}"}]
+        nodes = await open_nodes(stack, root / "hdee-faults", len(domains))  # the caller, and one per other expert
+        for node, d in zip(nodes[1:], [d for d in domains if d != victim_domain]):
+            await mx.serve(node, m["experts"][d], expert_id=ids[d], kind="lm", domain=d)
+        spec = kit.ExpertSpec.of(m["experts"][victim_domain], victim_id, kind="lm", domain=victim_domain)
+        victim = await stack.enter_async_context(
+            kit.expert_process(root / "hdee-faults" / "victim", [spec], bootstrap=str(nodes[0].address)))
+        bits = {}
+        for fault in (False, True):
+            ens = mx.HDEEEnsemble(nodes[0], list(ids.values()))
+            for expert in ens.experts.values():  # each found and connected before the clock starts
+                await expert.call(text[None, :2])
+
+            async def step(i: int) -> tuple[float, list[str]]:  # predict text[i + 2] from text[:i + 2]
+                logp, scored = await ens.next_token_logprobs(text[:i + 2])
+                return float(logp[text[i + 2]]), scored.answered
+
+            per_step, seconds, first_after = await steps_with_kill(tokens, step, victim if fault else None, kill_at)
+            logp = torch.tensor([lp for lp, _ in per_step], dtype=torch.float64)
+            reference = torch.stack([mixing.posterior_mixture(torch.stack([local[e] for e in answered]))[0][i + 1]
+                                     for i, (_, answered) in enumerate(per_step)])
+            gap = float((logp - reference).abs().max())
+            bits[fault] = (kit.bpc(logp), kit.bpc(logp[kill_at:]))
+            answered = [i for i, (_, who) in enumerate(per_step) if victim_id in who]
+            label = (f"HDEE decoding {tokens} bytes of licence text, 3 experts, {victim_id} in its own process" +
+                     (f", SIGKILLed during step {kill_at}" if fault else ", no fault"))
+            detail = (f"completed in {timing(seconds)}; {victim_id} answered steps {spans(answered)}; "
+                      f"bpc from step {kill_at} on {bits[fault][1]:.3f}; max |Δ log p| against the same mixture "
+                      f"in process over the experts that answered each step {gap:.1e}")
+            if fault:
+                after = range(first_after if first_after is not None else tokens, tokens)
+                detail += (f"; after the kill {sum(victim_id not in per_step[i][1] for i in after)} of {len(after)} "
+                           f"steps without it; bpc from step {kill_at} on: +{bits[True][1] - bits[False][1]:.3f} "
+                           f"against no fault")
+            rows.append({"part": "hdee-faults", "what": label, "bpc": bits[fault][0], "detail": detail})
+    rows.append({"part": "hdee-faults", "what": "HDEE: each expert alone on the same text (in process)",
+                 "detail": "; ".join(f"{e} {kit.bpc(lp[1:]):.3f}" for e, lp in local.items())})
+    return rows
 
 
 # --- HDEE: character-level LM experts per text domain --------------------------------------------------
@@ -481,10 +590,16 @@ def fmt(value) -> str:
     return str(value)
 
 
+PARTS = ("serving", "ddm", "digits", "faults", "hdee-faults", "hdee")
+GROUPS = {"faults": ("faults", "hdee-faults")}  # --only faults: both fault experiments
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the script)")
-    parser.add_argument("--skip", default="", help="comma list of parts: serving,ddm,digits,faults,hdee")
+    parser.add_argument("--skip", default="", help=f"comma list of parts not to run: {','.join(PARTS)}")
+    parser.add_argument("--only", default="", help=f"comma list of the parts to run: {','.join(PARTS)}, or a group: "
+                        + "; ".join(f"{g} = {','.join(p)}" for g, p in GROUPS.items()))
     parser.add_argument("--callers", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--hm-python", default="/tmp/hm-venv/bin/python", help="hivemind's venv (../shared/anchors/setup)")
@@ -499,16 +614,19 @@ def main() -> int:
     parser.add_argument("--hdee-seed-steps", type=int, default=200, help="steps of the seed model on the mix")
     parser.add_argument("--hdee-steps", type=int, default=250, help="steps per expert (the heterogeneous total is the same)")
     parser.add_argument("--hdee-eval", type=int, default=4000, help="bytes of each test (and dev) text scored")
+    parser.add_argument("--fault-tokens", type=int, default=300, help="bytes the hdee-faults part decodes")
+    parser.add_argument("--fault-lm-steps", type=int, default=200, help="training steps of each hdee-faults expert")
     parser.add_argument("--json", metavar="FILE")
-    parser.add_argument("--serve-mlp", metavar="DIR", help=argparse.SUPPRESS)
-    parser.add_argument("--max-batch", type=int, default=64, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_mlp:
-        trio.run(serve_mlp, args.serve_mlp, args.max_batch)
-        return 0
     if args.quick:
         args.seconds, args.samples, args.ddm_steps, args.ddm_sample_steps = 2.0, 600, 200, 20
         args.hdee_seeds, args.hdee_seed_steps, args.hdee_steps, args.hdee_eval = 1, 40, 40, 1000
+        args.fault_tokens, args.fault_lm_steps = 120, 40
+    if args.only:
+        wanted = {p for name in args.only.split(",") for p in GROUPS.get(name, (name,))}
+        if wanted - set(PARTS):
+            parser.error(f"--only: no part {', '.join(sorted(wanted - set(PARTS)))}; the parts: {', '.join(PARTS)}")
+        args.skip = ",".join([*args.skip.split(","), *(p for p in PARTS if p not in wanted)])
     stop_on_sigterm()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="meshd-experts-") as tmp:
@@ -525,7 +643,7 @@ def main() -> int:
 
         parts = [("serving", lambda: trio.run(serving, args, root)), ("ddm", with_models(ddm, grid, ddm_models)),
                  ("digits", with_models(digits, digit, digits_models)),
-                 ("faults", with_models(faults, grid, ddm_models)),
+                 ("faults", with_models(faults, grid, lambda a: ddm_models(a, monolith=False))),
                  ("hdee-faults", lambda: trio.run(hdee_faults, args, root)),
                  ("hdee", lambda: trio.run(hdee, args, root))]
         rows, rc = run_parts(parts, args.skip, lambda name, msg: {"part": name, "what": "FAILED", "detail": msg},

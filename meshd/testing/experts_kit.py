@@ -19,6 +19,11 @@ networked ensemble is measured against:
   the example use on the grid (:func:`train_ddm`) and the benchmark on
   scikit-learn's digits (``meshd.testing.digits``).
 
+* **Experts in a process of their own** (:func:`expert_process`): a child
+  process whose meshd node serves kit models (:class:`ExpertSpec`: a builder
+  in :data:`BUILDERS` and its weights), so a benchmark or a test can SIGKILL
+  an expert's server by its pid, as a crashed or killed machine looks.
+
 Flow-matching convention, used by every function here: noise x0 ~ N(0, I) at
 t = 0, data x1 at t = 1, x_t = (1 − t)·x0 + t·x1, target velocity x1 − x0;
 sampling integrates with Euler from t = 0 to 1 in ``steps`` steps of
@@ -33,24 +38,33 @@ not across machines: package sets and Python versions differ).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gzip
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import sysconfig
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import trio
 
 from experts.training import fit, kmeans, train_flow, train_router
 
 __all__ = [
-    "CHANGELOG_GLOB", "DOC_DIR", "DOMAINS", "EVAL_DOMAIN", "LICENSES_DIR", "MAN1_DIR", "MIN_CHARS",
+    "BUILDERS", "CHANGELOG_GLOB", "DOC_DIR", "DOMAINS", "EVAL_DOMAIN", "LICENSES_DIR", "MAN1_DIR", "MIN_CHARS",
     "MMD_BANDWIDTHS", "STDLIB_DIR", "VOCAB",
-    "CharLM", "RouterMLP", "VelocityMLP",
-    "bpc", "branch", "domain_text", "encode",
-    "grid_gaussians", "kmeans", "median_distance", "mmd", "param_count", "sample_flow", "splits", "time_features",
+    "CharLM", "ExpertProcess", "ExpertSpec", "RouterMLP", "VelocityMLP",
+    "bpc", "branch", "domain_text", "encode", "expert_process",
+    "grid_gaussians", "kmeans", "median_distance", "mlp", "mmd", "param_count", "sample_flow", "splits", "time_features",
     "token_logprobs", "train_ddm", "train_ddm_on", "train_flow", "train_lm", "train_router",
 ]
 
@@ -186,6 +200,7 @@ class CharLM(torch.nn.Module):
         if width <= 0 or layers <= 0:
             raise ValueError(f"width and layers must be positive, not {width} and {layers}")
         self.width, self.layers = width, layers
+        self.init_kwargs = {"width": width, "layers": layers, "seed": seed}  # to build it again elsewhere
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.embed = torch.nn.Embedding(VOCAB, width)
@@ -312,6 +327,7 @@ class VelocityMLP(torch.nn.Module):
     def __init__(self, dim: int, width: int = 256, depth: int = 3, *, time_dim: int = 16, seed: int = 0):
         super().__init__()
         self.dim, self.time_dim = dim, time_dim
+        self.init_kwargs = {"dim": dim, "width": width, "depth": depth, "time_dim": time_dim, "seed": seed}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.net = _trunk(dim + time_dim, dim, width, depth)
@@ -329,6 +345,8 @@ class RouterMLP(torch.nn.Module):
                  seed: int = 0):
         super().__init__()
         self.dim, self.experts, self.time_dim = dim, experts, time_dim
+        self.init_kwargs = {"dim": dim, "experts": experts, "width": width, "depth": depth, "time_dim": time_dim,
+                            "seed": seed}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.net = _trunk(dim + time_dim, experts, width, depth)
@@ -446,3 +464,142 @@ def train_ddm(steps: int, samples: int, *, clusters: int = 4, monolith: bool = F
     experts' parameters)."""
     train, held, held2 = (grid_gaussians(n, seed=s) for n, s in ((8000, 0), (samples, 1), (samples, 2)))
     return train_ddm_on(train, held, held2, steps, clusters=clusters, monolith_width=512 if monolith else None)
+
+
+# --------------------------------------------------------------------------- experts served by a process of their own
+
+def mlp(width: int, hidden: int | None = None, *, seed: int = 0) -> torch.nn.Sequential:
+    """Linear(width, hidden) → ReLU → Linear(hidden, width) (``hidden`` = 4 × width by default),
+    initialised from ``seed`` (the serving benchmark's expert)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        hidden = 4 * width if hidden is None else hidden
+        return torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, width))
+
+
+BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
+    "CharLM": CharLM, "VelocityMLP": VelocityMLP, "RouterMLP": RouterMLP, "mlp": mlp}
+"""The modules an :func:`expert_process` can build: a name, then keyword arguments (JSON)."""
+
+
+@dataclass
+class ExpertSpec:
+    """One expert for an :func:`expert_process` to serve: the module ``build(**kwargs)``
+    (a name in :data:`BUILDERS`), with the weights ``state`` if given (a state_dict,
+    sent as a file; else the builder's seeded initialisation), served as ``expert_id``."""
+
+    expert_id: str
+    build: str
+    kwargs: dict
+    kind: str = "module"
+    domain: str | None = None
+    state: dict | None = None
+    max_batch: int = 32
+    max_wait_ms: float = 5.0
+
+    @classmethod
+    def of(cls, module: torch.nn.Module, expert_id: str, **serve) -> ExpertSpec:
+        """The spec of a kit model (:class:`CharLM`, :class:`VelocityMLP`, :class:`RouterMLP`)
+        with its current weights; ``serve``: kind, domain, max_batch, max_wait_ms."""
+        name = type(module).__name__
+        if BUILDERS.get(name) is not type(module):
+            raise ValueError(f"{name} is not one of the kit's models ({', '.join(BUILDERS)})")
+        return cls(expert_id, name, dict(module.init_kwargs), state=module.state_dict(), **serve)
+
+
+class ExpertProcess:
+    """Experts served by a meshd node in a child process (:func:`expert_process`):
+    its ``pid``, the node's ``address`` (``PEERID@HOST:PORT``) and ``peer_id``."""
+
+    def __init__(self, process: subprocess.Popen, address: str, peer_id: str):
+        self.process, self.address, self.peer_id = process, address, peer_id
+        self.pid = process.pid
+
+    def kill(self) -> None:
+        """SIGKILL the process: its node stops without a word to its peers (no QUIC close)."""
+        os.kill(self.pid, signal.SIGKILL)
+
+    async def wait(self) -> int:
+        """Wait for the process to end (reaping it); its return code (−9 after :meth:`kill`)."""
+        return await trio.to_thread.run_sync(self.process.wait)
+
+
+@asynccontextmanager
+async def expert_process(path: Path, experts: list[ExpertSpec], *, bootstrap: str | None = None,
+                         threads: int = 1, startup: float = 120.0) -> AsyncIterator[ExpertProcess]:
+    """Serve ``experts`` from a meshd node in a child process (data directory ``path``,
+    127.0.0.1, connected to ``bootstrap`` if given, ``threads`` torch threads), so that a
+    test or benchmark can SIGKILL it (:meth:`ExpertProcess.kill`); yields once every expert
+    is served (announced in the DHT).  On exit the child is told to stop (its stdin
+    closes: the node closes as usual), and killed if it has not within 15 s.  Weights
+    travel as a file of tensors loaded with ``weights_only=True``."""
+    path.mkdir(parents=True, exist_ok=True)
+    listed = []
+    for i, spec in enumerate(experts):
+        weights = None
+        if spec.state is not None:
+            weights = str(path / f"expert-{i}.pt")
+            torch.save({k: v.detach().cpu().clone() for k, v in spec.state.items()}, weights)
+        listed.append({"expert_id": spec.expert_id, "build": spec.build, "kwargs": spec.kwargs, "kind": spec.kind,
+                       "domain": spec.domain, "weights": weights, "max_batch": spec.max_batch,
+                       "max_wait_ms": spec.max_wait_ms})
+    plan = path / "experts.json"
+    plan.write_text(json.dumps({"data": str(path / "node"), "bootstrap": bootstrap, "threads": threads,
+                                "experts": listed}))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")])))
+    process = subprocess.Popen([sys.executable, "-m", __name__, str(plan)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        with trio.fail_after(startup):
+            line = await trio.to_thread.run_sync(process.stdout.readline, abandon_on_cancel=True)
+        if not line:
+            raise RuntimeError(f"the expert process exited ({process.wait()}) before serving {plan}")
+        ready = json.loads(line)
+        yield ExpertProcess(process, ready["address"], ready["peer_id"])
+    finally:
+        with trio.CancelScope(shield=True):
+            if process.poll() is None:
+                with contextlib.suppress(OSError):
+                    process.stdin.close()
+                try:
+                    await trio.to_thread.run_sync(process.wait, 15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    await trio.to_thread.run_sync(process.wait)
+            process.stdout.close()
+
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+async def _serve_plan(plan: dict) -> None:
+    """The child's side of :func:`expert_process`: one node serving the plan's experts, its
+    address on stdout (one JSON line), until stdin closes."""
+    from ..daemon import open_node  # noqa: PLC0415  (the child only; the kit's models need no node)
+    from ..services.experts import PROVIDER_PREFIX  # noqa: PLC0415
+
+    bootstrap = plan["bootstrap"]
+    async with open_node(Path(plan["data"]), listen="127.0.0.1:0", bootstrap=[bootstrap] if bootstrap else []) as node:
+        if bootstrap:
+            await node.connect(bootstrap)
+        dht = node.service("dht").node if bootstrap else None
+        for e in plan["experts"]:
+            module = BUILDERS[e["build"]](**e["kwargs"])
+            if e["weights"]:
+                module.load_state_dict(torch.load(e["weights"], weights_only=True))
+            await node.service("experts").serve(e["expert_id"], module.eval(), kind=e["kind"], domain=e["domain"],
+                                                max_batch=e["max_batch"], max_wait_ms=e["max_wait_ms"])
+            # a node that has just connected may not be in any DHT table yet: serve() tries again each
+            # heartbeat, but the parent is told "ready" only once a peer holds the record
+            pause = 0.02
+            while dht is not None and not await dht.provide(PROVIDER_PREFIX + e["expert_id"].encode()):
+                await trio.sleep(pause)
+                pause = min(2 * pause, 0.5)
+        print(json.dumps({"address": str(node.address), "peer_id": str(node.peer_id)}), flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+
+
+if __name__ == "__main__":  # python -m meshd.testing.experts_kit PLAN.json (see expert_process)
+    _plan = json.loads(Path(sys.argv[1]).read_text())
+    torch.set_num_threads(_plan["threads"])
+    trio.run(_serve_plan, _plan)
