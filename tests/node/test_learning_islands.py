@@ -47,6 +47,7 @@ async def test_two_islands_of_two_gloo_processes_end_with_one_model(tmp_path):
     assert all(h["contributors"] == [ISLANDS] * (STEPS // H) and h["missing"] == 0 for h in heads)
     # rank 0 speaks for the island's samples: H steps × 16 samples × 2 ranks a round
     assert all(h["samples"] == [H * 16 * SIZE] * ISLANDS for h in heads)
+    assert all(h["island_size"] == SIZE for h in heads)  # and the membership document says how many ranks
     # rank 1 took rank 0's parameters after every outer step, and once more on the island that joined
     assert all(by[i, 1]["broadcasts"] == by[i, 0]["broadcasts"] for i in range(ISLANDS))
     assert sorted(h["broadcasts"] for h in heads) == [STEPS // H, STEPS // H + 1]

@@ -91,7 +91,8 @@ async def _main(island, rank, islands, bootstrap, data_dir, steps, inner_steps, 
         return {**out, "peer": node.peer_id.key.hex(), "members": [m.hex() for m in group.live()],
                 "contributors": [r.contributors for r in reports], "missing": sum(r.missing_values for r in reports),
                 "state_hash": group.hash.hex() if group.hash else None, "hash_round": group.hash_round,
-                "samples": sorted(group.samples.values())}  # each member's, in the last round this one reduced
+                "samples": sorted(group.samples.values()),  # each member's, in the last round this one reduced
+                "island_size": opt.diloco.membership.island}  # what the group's document says of the island
 
 
 async def _others_finished(group, heartbeat: float) -> None:

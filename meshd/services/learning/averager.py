@@ -59,6 +59,7 @@ class GossipAverager:
         self.rule, self.partners, self.c, self.weighted = rule, partners, c, weighted
         self.compression, self.block = compression, block
         self.group = self._service.join(group, algorithm="gossip", rule=rule)
+        self.membership = self._service.membership(group)  # where samples and role are reported
         self._rng = random.Random(seed)
 
     def _named(self) -> list:
@@ -95,5 +96,6 @@ class GossipAverager:
             self.model.load_state_dict(merged)
         group.round += 1
         group.clock.observe(trio.current_time() - started)
+        self.membership.report(samples=samples, role="contributor")  # it offered its parameters
         return GossipReport(group.round, len(round_.partners), len(states),
                             sum(group.bytes_in.values()) - before, time.perf_counter() - wall)

@@ -1,4 +1,10 @@
-"""The ``learning.*`` control methods: the groups this node trains in."""
+"""The ``learning.*`` control methods: the groups this node trains in.
+
+A group's rows join two sources: what members' hellos say (round, last heard,
+path, hash) for the members live now, and what the group's membership
+document says (join time, role, throughput, the round it wrote, live, quiet
+or left) for every member it holds an entry of, gone ones included.
+"""
 
 from __future__ import annotations
 
@@ -15,15 +21,33 @@ def _hex(value: bytes | None) -> str | None:
     return value.hex() if value else None
 
 
-def _summary(group) -> dict:
+def _summary(group, membership, rows: dict | None = None, rejected: int = 0) -> dict:
+    """One group in brief; ``known`` counts the membership document's entries by state
+    (None without a document)."""
+    about = membership.summary(rows, rejected)
     return {"group": group.name, "algorithm": group.algorithm, "rule": group.rule, "round": group.round,
             "live": len(group.live()), "bytes_in": sum(group.bytes_in.values()),
-            "bytes_out": sum(group.bytes_out.values()), "hash": _hex(group.hash)}
+            "bytes_out": sum(group.bytes_out.values()), "hash": _hex(group.hash),
+            "known": about["entries"] if about["document"] is not None else None}
 
 
-def _members(group, host) -> list[dict]:
-    """Each live member with what its hellos said; ``agrees`` compares its hash
-    with the most common one of the newest round hashed."""
+_NO_ENTRY = {"joined": None, "role": None, "island": None, "samples_s": None, "steps_s": None,
+             "doc_round": None, "doc_seen": None, "state": None}
+
+
+def _entry_fields(row: dict | None) -> dict:
+    """A member's fields from the membership document (all None without an entry)."""
+    if row is None:
+        return dict(_NO_ENTRY)
+    return {"joined": row["joined"], "role": row["role"], "island": row["island"], "samples_s": row["samples_s"],
+            "steps_s": row["steps_s"], "doc_round": row["round"], "doc_seen": row["seen"], "state": row["state"]}
+
+
+def _members(group, host, membership, entries: dict[str, dict]) -> list[dict]:
+    """Each live member with what its hellos said, then each member only the membership
+    document knows (quiet or gone), every row with the document's fields
+    (:func:`_entry_fields`); ``agrees`` compares a live member's hash with the most
+    common one of the newest round hashed."""
     now = trio.current_time()
     infos = {m.peer: m for m in (group.view.members.get(k) for k in group.live()) if m is not None}
     hashes = {k: (m.hash_round, m.hash) for k, m in infos.items()}
@@ -45,7 +69,20 @@ def _members(group, host) -> list[dict]:
             "suspect": key in group.suspects,
             "hash": _hex(hash_), "hash_round": hash_round,
             "agrees": None if majority is None or hash_round != newest else hash_ == majority,
+            **_entry_fields(entries.get(str(PeerId(key)))),
         })
+    mine = next(row for row in rows if row["me"])
+    if mine["role"] is None:  # no entry of its own (yet): what this member measures of itself
+        mine.update(role=membership.role, island=membership.island, joined=membership.joined,
+                    samples_s=membership.meter.samples_s, steps_s=membership.meter.steps_s)
+    shown = {row["peer"] for row in rows}
+    for peer, entry in sorted(entries.items(), key=lambda item: (item[1]["state"] == "left", item[0])):
+        if peer not in shown:
+            key = PeerId.from_string(peer).key
+            rows.append({"peer": peer, "me": False, "round": None, "seen_ago": None, "path": None,
+                         "samples": group.samples.get(key, 0), "clipped": group.clipped.get(key, 0),
+                         "suspect": key in group.suspects, "hash": None, "hash_round": None, "agrees": None,
+                         **_entry_fields(entry)})
     return rows
 
 
@@ -54,13 +91,17 @@ def control_methods(learning) -> dict:
     :class:`~meshd.services.learning.Learning` service."""
 
     async def ls(arg, ctx):
-        return [_summary(group) for group in learning.groups.values()]
+        return [_summary(group, learning.memberships[name]) for name, group in learning.groups.items()]
 
     async def status(arg, ctx):
         name = field(arg, "group", str)
         group = learning.groups.get(name)
         if group is None:
             raise NotFound(f"this node is not in group {name!r:.60} (meshctl learning ls lists its groups)")
-        return {**_summary(group), "members": _members(group, learning.host)}
+        membership = learning.memberships[name]
+        entries, rejected = membership.entries()
+        return {**_summary(group, membership, entries, rejected),
+                "membership": membership.summary(entries, rejected),
+                "members": _members(group, learning.host, membership, entries)}
 
     return {"learning.ls": ls, "learning.status": status}

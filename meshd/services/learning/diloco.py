@@ -70,6 +70,7 @@ class DiLoCo:
         self.outer = OuterSGD(lr=outer_lr, momentum=outer_momentum, nesterov=True)
         self.group = self._service.join(group, algorithm="streaming-diloco" if fragments > 1 else "diloco",
                                         rule=rule)
+        self.membership = self._service.membership(group)  # where steps, samples and role are reported
         self.steps = 0  # inner steps taken
         self.samples = 0  # samples since the last exchange
         self.reports: list[SyncReport] = []
@@ -98,6 +99,7 @@ class DiLoCo:
         self.inner_opt.zero_grad(set_to_none=True)
         self.steps += 1
         self.samples += samples
+        self.membership.report(steps=1, samples=samples)
         if self.P == 1:
             if self.steps % self.H == 0:
                 await self._sync(0)
@@ -121,6 +123,9 @@ class DiLoCo:
         best = group.best_member()
         if best != group.me:
             await self._resync(best)
+        elif group.joined is None:  # the group's state is ours: contribute from this round, and say so now
+            group.joined = group.round
+            group.wake.set()
 
     def _offer_state(self) -> None:
         named = [(f"theta/{n}", encode(t, "none")) for n, t in sorted(self.theta.items())]
@@ -157,6 +162,7 @@ class DiLoCo:
         self.version += 1
         self._taken += 1
         group.round = group.joined = contribution.round  # off that round's roster, it follows the round
+        group.wake.set()  # say so now, not at the next heartbeat
         self.steps = contribution.round * self.H
         self._publish_hash(contribution.round - 1)
         self._offer_state()
@@ -218,6 +224,7 @@ class DiLoCo:
         if self.compression != "none":  # keep what the codec lost (a member off the roster sent nothing: zero)
             self._residual[p] = torch.sub(q, sent, out=residual) if residual is not None else q - sent
         gap = sum(hi - lo for lo, hi in missing)
+        self.membership.report(role="contributor" if group.me in used else "follower")
         self.reports.append(SyncReport(round_, p, len(used), gap, sum(group.bytes_out.values()) - before,
                                        time.perf_counter() - started))
         return {"round": round_, "avg": avg, "taken": taken}

@@ -91,7 +91,7 @@ class Group:
         self.clock = RoundClock(floor=config.round_timeout_min, ceiling=config.round_timeout_max)
         self.limits = Limits(max_bytes=config.max_bytes)
         self.round = 0  # the round this member works on
-        self.joined = 0  # the first round it contributes to
+        self.joined: int | None = None  # the first round it contributes to; None until it has the group's state
         self.hash: bytes | None = None  # blake3 of the shared state after round hash_round
         self.hash_round = -1
         self.bytes_in: Counter = Counter()  # peer key -> bytes received
@@ -110,13 +110,14 @@ class Group:
         self._exchanges: dict[tuple, Exchange] = {}  # (round, fragment) -> its all-reduce
         self._rosters: dict[int, list[bytes]] = {}  # round -> its contributors, once agreed
         self._roster_pending: dict[int, trio.Event] = {}  # rounds whose roster is being asked for
+        self.announce: dict = {}  # more fields for this member's hellos (the membership document's owner)
 
     # --- membership ---------------------------------------------------------------------
 
     def hello(self) -> dict:
         """What this member tells others about itself."""
         now = trio.current_time()
-        return {"group": self.name, "round": self.round, "joined": self.joined,
+        return {**self.announce, "group": self.name, "round": self.round, "joined": self.joined,
                 "hash": self.hash, "hash_round": self.hash_round,
                 "members": [m for m in self.view.live(now) if m != self.me][:_HELLO_MEMBERS]}
 
@@ -156,12 +157,17 @@ class Group:
         return sorted({*self.view.members, *self._heard_of} - {self.me})
 
     async def greet(self, peer: PeerId) -> None:
-        """Say hello to ``peer``; one that does not answer is not heard from, and
-        a quiet one that does not answer within a heartbeat is forgotten (the
-        DHT or another member's hello brings it back if it returns)."""
+        """Say hello to ``peer``; one that does not answer within a heartbeat is
+        not heard from, and a quiet one that does not is forgotten (the DHT or
+        another member's hello brings it back if it returns).
+
+        One heartbeat, live or not: a heartbeat's greetings end together, so a
+        member that died and still looks live would otherwise hold back the
+        hellos to every other member past their timeout (3 heartbeats), and
+        members that are all live would fix rosters without each other."""
         live = peer.key in self.view.live(trio.current_time())
         try:
-            with trio.fail_after(self.clock.floor if live else self.view.heartbeat_interval):
+            with trio.fail_after(self.view.heartbeat_interval):
                 reply = await self._host.rpc.call(peer, "learning.hello", self.hello())
             self.hello_from(peer, reply)
         except (RpcError, trio.TooSlowError, OSError) as exc:
@@ -207,8 +213,16 @@ class Group:
         return None if self.hash == top else lowest[top]
 
     def contributors(self, round: int) -> list[bytes]:
-        """The members expected to contribute to ``round`` (sorted keys)."""
-        return sorted({*self.view.eligible(round, trio.current_time()), self.me})
+        """The members expected to contribute to ``round`` (sorted keys): the live trainers
+        that joined by then, and those that have not said when they join (they have no state
+        of the group's yet) if they work on ``round`` itself.  Those say round 0: at a run's
+        start they are in round 0; one that comes (or comes back) later is left off the round
+        in progress, which it could not contribute to before it has taken the state."""
+        now = trio.current_time()
+        members = self.view.members
+        unsaid = [p for p in self.view.live(now)
+                  if members[p].joined is None and members[p].role == "trainer" and members[p].round == round]
+        return sorted({*self.view.eligible(round, now), *unsaid, self.me})
 
     # --- offering and pulling tensor sets ------------------------------------------------
 

@@ -89,6 +89,7 @@ class IslandDiLoCo:
             if node is None:
                 raise ValueError("rank 0 talks to the mesh for the island: give it the node")
             self.diloco = DiLoCo(node, self.model, inner_opt=inner_opt, group=group, **diloco)
+            self.diloco.membership.report(island=self.size)  # the group's document shows the island's size
         elif node is not None:
             raise ValueError(f"only rank 0 talks to the mesh: rank {self.rank} takes node=None")
         self.steps = 0  # inner steps taken

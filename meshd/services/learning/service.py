@@ -21,6 +21,10 @@ Tensors move over three peer methods, each a set of named tensors in
 * ``learning.reduced`` (server stream): the reducer's result for its slice,
   sent once it is ready.
 
+With the ``crdt`` service on, every member also keeps an entry (join time,
+role, throughput, round) in the group's replicated membership document
+(:mod:`.membership`); its hellos name the document's owner (``doc``).
+
 The round logic lives in :mod:`learn`; the algorithms users call
 (:class:`~meshd.services.learning.averager.GossipAverager`,
 :class:`~meshd.services.learning.diloco.DiLoCo`) drive a :class:`Group`.
@@ -37,12 +41,13 @@ from dht.network import DhtError
 from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound
 from ...rpc.args import field
-from ...service import Host, Method, Providers, check_name
+from ...service import Documents, Host, Method, Providers, check_name
 from .bulk import METHOD as LANE_METHOD
 from .bulk import Bulk
 from .config import LearningSection
 from .control import control_methods
 from .group import Group
+from .membership import Membership
 
 log = logging.getLogger("meshd.learning")
 
@@ -59,11 +64,14 @@ class Learning:
 
     name = "learning"
 
-    def __init__(self, host: Host, config: LearningSection, *, providers: Providers):
+    def __init__(self, host: Host, config: LearningSection, *, providers: Providers,
+                 documents: Documents | None = None):
         self.host = host
         self.config = config
         self._providers = providers
+        self._docs = documents  # None without the crdt service: groups then keep no membership document
         self.groups: dict[str, Group] = {}
+        self.memberships: dict[str, Membership] = {}  # group name -> this member's entry in its document
         self.bulk = Bulk(host, enabled=config.lane)
         self._nursery: trio.Nursery | None = None
 
@@ -100,6 +108,7 @@ class Learning:
 
     def close(self) -> None:
         self.groups.clear()
+        self.memberships.clear()
 
     # --- joining and leaving ---------------------------------------------------------
 
@@ -113,13 +122,23 @@ class Learning:
                 raise RuntimeError("the learning service is not running")
             group = self.groups[name] = Group(self.host, self.config, name, algorithm=algorithm, rule=rule,
                                               bulk=self.bulk)
+            membership = self.memberships[name] = Membership(self.host, group, self._docs,
+                                                             heartbeat=self.config.heartbeat_interval)
             self._nursery.start_soon(self._keep, group)
+            self._nursery.start_soon(membership.run)
         return group
 
+    def membership(self, name: str) -> Membership:
+        """This member's entry in group ``name``'s membership document (KeyError if not in it):
+        where the training loop reports its steps, samples and role."""
+        return self.memberships[name]
+
     def leave(self, name: str) -> None:
-        """Stop being a member of ``name`` (peers see us go at their timeout)."""
+        """Stop being a member of ``name``: its entry in the membership document says so
+        at once, and peers stop counting it live at their timeout."""
         group = self.groups.pop(name, None)
         if group is not None:
+            self.memberships.pop(name).leave()
             group.cancel_scope.cancel()
             self._providers.unprovide(PROVIDER_PREFIX + name.encode())
 
@@ -159,6 +178,8 @@ class Learning:
     async def _serve_hello(self, arg, ctx) -> dict:
         group = self._group_of(arg)
         group.hello_from(ctx.peer, arg)
+        if ctx.peer.key in group.view.members:
+            self.memberships[group.name].heard(ctx.peer.key, arg.get("doc"))
         return group.hello()
 
     async def _serve_roster(self, arg, ctx) -> dict:
