@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -58,7 +59,7 @@ BENCHES = [
     Bench("learning_islands", "learning_islands.py", quick=["--steps", "100"]),
     Bench("learning_sim", "learning_sim.py", quick=["--quick"]),
     Bench("learning_throughput", "learning_throughput.py", quick=["--mib", "32", "--syncs", "1", "--skip", "hivemind"]),
-    Bench("experts", "experts.py", quick=["--quick"]),
+    Bench("experts", "experts.py", quick=["--quick"], json=True),
     Bench("metrics", "metrics.py", quick=["--calls", "200", "--rounds", "2"]),
     Bench("abuse", "abuse.py", quick=["--quiet", "2", "--attack", "2", "--only", "garbage,call_flood"]),
 ]
@@ -233,7 +234,50 @@ def _plot_diloco(ax, data: dict) -> str | None:
     return "DiLoCo on digits, 4 members: accuracy against bytes sent, beside data parallel"
 
 
-PLOTS = {"rpc": [_plot_rpc], "dht": [_plot_dht], "shards": [_plot_shards], "learning": [_plot_diloco, _plot_gossip]}
+def _plot_experts_ddm(ax, data: dict) -> str | None:
+    samples = data.get("ddm_samples") or {}
+    if not samples:
+        return None
+    ax.axis("off")
+    ax.figure.set_size_inches(8, 5.6)
+    names = list(samples)
+    columns = (len(names) + 1) // 2
+    scores = {r["what"].split()[1]: r.get("mmd2") for r in data.get("rows", [])
+              if r.get("part") == "ddm" and r.get("what", "").startswith("DDM ")}
+    scores.update({"monolith": r.get("mmd2") for r in data.get("rows", [])
+                   if r.get("part") == "ddm" and r.get("what", "").startswith("monolith")})
+    for i, name in enumerate(names):
+        panel = ax.inset_axes([(i % columns) / columns + 0.01, 0.53 - 0.52 * (i // columns),
+                               1 / columns - 0.02, 0.43])
+        points = samples[name]
+        panel.scatter([p[0] for p in points], [p[1] for p in points], s=1.5, color="k" if i == 0 else f"C{i}")
+        score = scores.get(name)
+        panel.set_title(name + (f": MMD² {score:.4f}" if score is not None else ""), fontsize=8)
+        panel.set_xlim(-2.2, 2.2)
+        panel.set_ylim(-2.2, 2.2)
+        panel.set_aspect("equal")
+        panel.set_xticks([-1.5, -0.5, 0.5, 1.5], [])
+        panel.set_yticks([-1.5, -0.5, 0.5, 1.5], [])
+        panel.grid(alpha=0.3)
+    return "DDM on the 4x4 grid: held-out data and each mode's samples (seed 0; MMD²: the seeds' mean)"
+
+
+def _plot_experts_serving(ax, data: dict) -> str | None:
+    rows = [r for r in data.get("rows", []) if r.get("part") == "serving" and r.get("rows/s")]
+    if not rows:
+        return None
+    ax.barh(range(len(rows)), [r["rows/s"] for r in rows],
+            color=["0.6" if "in process" in r["what"] else "C1" if "hivemind" in r["what"] else "C0" for r in rows])
+    labels = [re.sub(r",? \d+ callers( asking all 4)?", "", r["what"]).replace("1 expert in its own process", "meshd")
+              for r in rows]
+    ax.set_yticks(range(len(rows)), [label[:45] for label in labels], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("rows/s (4 experts: requests/s, each asking all 4)")
+    return f"Expert serving, {(data.get('args') or {}).get('callers', '?')} callers: rows/s"
+
+
+PLOTS = {"rpc": [_plot_rpc], "dht": [_plot_dht], "shards": [_plot_shards], "learning": [_plot_diloco, _plot_gossip],
+         "experts": [_plot_experts_ddm, _plot_experts_serving]}
 
 
 # --- the page ------------------------------------------------------------------------

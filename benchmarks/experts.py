@@ -22,14 +22,22 @@ part, each with its comparison from the same run:
   clusters; one flow-matching expert per cluster on its own node and an MLP
   router r(k | x_t, t) on a fifth; samples by ``DDMEnsemble`` in modes full,
   top2, top1 and uniform, beside a monolith with the experts' total
-  parameters trained for their total steps (in process), and the floor
-  (MMD between two held-out draws of the data).  MMD² to held-out data
-  (``experts_kit.mmd``), and the expert rows each mode evaluated.
+  parameters trained for their total steps (in process, the same learning
+  rate and decay), the floor (two held-out draws of the data) and references
+  with no model error (``experts_kit.grid_velocity``: the exact velocity
+  through the same sampler, and each mode with exact experts and router).
+  Distance: ``experts_kit.grid_mmd``, the V-statistic MMD² of one RBF of
+  fixed σ = 0.1 (never negative), and its square root, the MMD; mean and
+  spread over ``--grid-seeds`` seeds (each its own data draws, k-means,
+  models and noise); the expert rows and RPC calls each mode made.
+  ``--json`` also writes seed 0's samples of every mode (``ddm_samples``,
+  400 points each) for ``benchmarks/all.py``'s plot.
 * **digits**: the same on scikit-learn's 8x8 digits (64-D, scaled to [-1, 1];
-  1,197 images to train on, two held-out sets of 300), the same steps and
-  samples, experts of width 128 and a monolith of width 286 (the experts'
-  total parameters); each set of samples (clamped to [-1, 1]) is labelled by
-  a logistic regression fitted to the training images, and its coverage of
+  1,197 images to train on, two held-out sets of 300), ``--ddm-steps`` steps
+  at a constant rate, the same samples, the unbiased multi-bandwidth MMD²
+  (``experts_kit.mmd``), one seed, experts of width 128 and a monolith of
+  width 286 (the experts' total parameters); each set of samples (clamped to
+  [-1, 1]) is labelled by a logistic regression fitted to the training images, and its coverage of
   the 10 classes reported: how many get at least half their fair share
   (``classes``), the labels' entropy in bits (3.32 when even) and the largest
   and smallest class's share (which digit, in brackets).
@@ -53,15 +61,18 @@ part, each with its comparison from the same run:
 
 Targets (issue 13): batching >= 3x the unbatched rate; DDM full within 3x the
 floor and >= 5x better than the monolith, every routed mode >= 10x better than
-uniform, top-2 at most half the expert evaluations of full; a heterogeneous
-HDEE ensemble best on 2 of 3 domains and on the held-out one, the mixture
->= 0.1 bpc better than the best expert there, the mesh within 1e-6 of in process.
+uniform (judged on MMD² in each seed: met, met in i of n seeds, or missed; the
+ratios on MMD beside them), top-2 at most half the expert calls of full (rows
+and RPC calls both shown); a heterogeneous HDEE ensemble best on 2 of 3
+domains and on the held-out one, the mixture >= 0.1 bpc better than the best
+expert there, the mesh within 1e-6 of in process.
 The digits part prints the same ratios as the grid's DDM targets, without targets.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import tempfile
@@ -199,15 +210,23 @@ async def serving(args, root: Path) -> list[dict]:
 # --- DDM on the 4x4 grid, and an expert dying mid-sampling -------------------------------------------
 
 MODES = (("full", "full", 2), ("top2", "topk", 2), ("top1", "top1", 1), ("uniform", "uniform", 2))
+SAMPLES_KEPT = 400  # points of each mode's samples (seed 0) written to --json, for the plots
+SAMPLES: dict[str, list] = {}  # what --json writes as "ddm_samples": name -> [[x, y], ...]
 
 
-def ddm_models(args, monolith: bool = True) -> dict:
+def ddm_models(args, monolith: bool = True, seed: int = 0) -> dict:
+    """The grid's models for ``seed``: 4 experts, the router and (with ``monolith``) the monolith,
+    trained with the grid's recipe (``--grid-steps``, ``--grid-lr``, ``--grid-decay``), measured by
+    ``experts_kit.grid_mmd``."""
     from meshd.testing import experts_kit as kit
 
+    torch.set_num_threads(1)
     started = time.perf_counter()
-    models = kit.train_ddm(args.ddm_steps, args.samples, monolith=monolith)
-    log(f"[ddm] trained 4 experts, the router{' and the monolith' if monolith else ''} in "
-        f"{time.perf_counter() - started:.0f} s")
+    models = kit.train_ddm(args.grid_steps, args.samples, monolith=monolith, seed=seed, lr=args.grid_lr,
+                           decay=args.grid_decay, distance=kit.grid_mmd)
+    models["train_s"] = time.perf_counter() - started
+    log(f"[ddm] seed {seed}: trained 4 experts, the router{' and the monolith' if monolith else ''} in "
+        f"{models['train_s']:.0f} s")
     return models
 
 
@@ -224,47 +243,174 @@ async def serve_ddm(stack: AsyncExitStack, root: Path, models: dict, elsewhere: 
     return nodes
 
 
-async def ddm(args, root: Path, models: dict, part: str = "ddm") -> list[dict]:
-    """Every mode over the mesh and the monolith in process, on ``models`` (``experts_kit.train_ddm_on``'s,
-    plus ``judge``, a function from samples to more columns, if the data has one)."""
-    from meshd.testing import experts_kit as kit
-
-    torch.set_num_threads(1)
-    rows, floor, dim, count = [], models["floor"], models["dim"], len(models["experts"])
-    judge = models.get("judge", lambda x: {})
-    with torch.no_grad():
-        mono_x = kit.sample_flow(models["monolith"], args.samples, dim, args.ddm_sample_steps, seed=5)
-    mono = kit.mmd(mono_x, models["held"])
-    rows.append({"part": part, "what": "floor: held-out vs held-out", "mmd2": floor, **judge(models["held2"])})
-    rows.append({"part": part, "what": f"monolith ({models['params'][1]:,} params, {count * models['steps']} steps)",
-                 "mmd2": mono, **judge(mono_x)})
-    scores = {}
+async def sample_modes(args, root: Path, models: dict, seed: int = 5) -> dict:
+    """Every mode of :data:`MODES` over the mesh (each expert and the router on a node of its own):
+    name -> (the ensemble's ``Sampled``, seconds)."""
+    count, out = len(models["experts"]), {}
     async with AsyncExitStack() as stack:
-        nodes = await serve_ddm(stack, root / part, models)
+        nodes = await serve_ddm(stack, root, models)
         for name, mode, k in MODES:
             ens = mx.DDMEnsemble(nodes[-1], [f"c{i}" for i in range(count)], "router" if mode != "uniform" else None,
                                  mode=mode, top_k=k)
             started = time.perf_counter()
-            out = await ens.sample(args.samples, dim, steps=args.ddm_sample_steps, seed=5)
-            scores[name] = kit.mmd(out.x, models["held"])
-            rows.append({"part": part, "what": f"DDM {name} over the mesh ({count} x {models['params'][0]:,} params)",
-                         "mmd2": scores[name], "evals": sum(out.rows.values()), **judge(out.x),
-                         "detail": f"{time.perf_counter() - started:.1f} s; calls {sum(out.calls.values())}"
-                                   + (f"; DROPPED {out.dropped}" if out.dropped else "")})
-    evals = {r["what"].split()[1]: r["evals"] for r in rows if r.get("evals")}
-    targets = part == "ddm"  # issue 13's targets are the grid's; elsewhere the same ratios, no targets
+            sampled = await ens.sample(args.samples, models["dim"], steps=args.ddm_sample_steps, seed=seed)
+            out[name] = (sampled, time.perf_counter() - started)
+    return out
 
-    def target(text: str) -> str:
-        return f" (target {text})" if targets else ""
 
+async def ddm(args, root: Path, models: dict, part: str = "ddm") -> list[dict]:
+    """Every mode over the mesh and the monolith in process, on ``models`` (``experts_kit.train_ddm_on``'s,
+    plus ``judge``, a function from samples to more columns, if the data has one); one run (the digits)."""
+    from meshd.testing import experts_kit as kit
+
+    torch.set_num_threads(1)
+    rows, floor, dim, count = [], models["floor"], models["dim"], len(models["experts"])
+    judge, distance = models.get("judge", lambda x: {}), models.get("distance", kit.mmd)
+    with torch.no_grad():
+        mono_x = kit.sample_flow(models["monolith"], args.samples, dim, args.ddm_sample_steps, seed=5)
+    mono = distance(mono_x, models["held"])
+    rows.append({"part": part, "what": "floor: held-out vs held-out", "mmd2": floor, **judge(models["held2"])})
+    rows.append({"part": part, "what": f"monolith ({models['params'][1]:,} params, {count * models['steps']} steps)",
+                 "mmd2": mono, **judge(mono_x)})
+    scores, evals = {}, {}
+    for name, (out, seconds) in (await sample_modes(args, root / part, models)).items():
+        scores[name], evals[name] = distance(out.x, models["held"]), sum(out.rows.values())
+        rows.append({"part": part, "what": f"DDM {name} over the mesh ({count} x {models['params'][0]:,} params)",
+                     "mmd2": scores[name], "evals": evals[name], **judge(out.x),
+                     "detail": f"{seconds:.1f} s; calls {sum(out.calls.values())}"
+                               + (f"; DROPPED {out.dropped}" if out.dropped else "")})
     versus_floor = (f"full {scores['full'] / floor:.1f}x the floor" if floor > 0 else
                     f"full {scores['full']:.4f} above a floor of {floor:.4f} (at the estimator's noise)")
-    checks = [f"{versus_floor}{target('<= 3x')}",
-              f"monolith / full {mono / scores['full']:.1f}x{target('>= 5x')}",
-              *(f"uniform / {m} {scores['uniform'] / scores[m]:.1f}x{target('>= 10x')}"
-                for m in ("full", "top2", "top1")),
-              f"top2 evals / full {evals['top2'] / evals['full']:.2f}{target('<= 0.5')}"]
-    rows.append({"part": part, "what": "targets" if targets else "ratios", "detail": "; ".join(checks)})
+    checks = [versus_floor, f"monolith / full {mono / scores['full']:.1f}x",
+              *(f"uniform / {m} {scores['uniform'] / scores[m]:.1f}x" for m in ("full", "top2", "top1")),
+              f"top2 evals / full {evals['top2'] / evals['full']:.2f}"]
+    rows.append({"part": part, "what": "ratios", "detail": "; ".join(checks)})
+    return rows
+
+
+def _spread(values: list[float], digits: int = 5) -> str:
+    """'mean ± sd (min-max)' of one value per seed."""
+    if len(values) < 2:
+        return f"{values[0]:.{digits}f} (one seed)"
+    return (f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f} "
+            f"({min(values):.{digits}f}-{max(values):.{digits}f})")
+
+
+def _ratio(values: list[float]) -> str:
+    """'mean (min-max)x' of one ratio per seed."""
+    return f"{statistics.mean(values):.2f}x ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 \
+        else f"{values[0]:.2f}x"
+
+
+def _keep(x: torch.Tensor) -> list:
+    return [[round(float(a), 4), round(float(b), 4)] for a, b in x[:SAMPLES_KEPT].tolist()]
+
+
+def exact_samples(args, models: dict, seed: int = 5) -> dict[str, torch.Tensor]:
+    """References with no model error, in process: the grid's exact velocity through the same Euler
+    sampler, and the DDM modes with exact experts (each its cluster's exact velocity) and the exact
+    router (``experts_kit.grid_velocity``, ``grid_cluster_logits``): what the sampler costs, and what
+    hard routing costs by itself."""
+    from experts import ddm as math_
+    from meshd.testing import experts_kit as kit
+
+    k, n, steps = len(models["experts"]), args.samples, args.ddm_sample_steps
+    experts = [lambda x, t, c=c: kit.grid_velocity(x, t, modes=models["mode_clusters"] == c) for c in range(k)]
+
+    def ensemble(mode: str, top: int):
+        def velocity(x, t):
+            logits = kit.grid_cluster_logits(x, t, models["mode_clusters"], k)
+            return math_.combine(math_.route(logits, mode, top), {c: f(x, t) for c, f in enumerate(experts)})[0]
+        return velocity
+
+    out = {"exact velocity": kit.sample_flow(kit.grid_velocity, n, 2, steps, seed=seed)}
+    for name, mode, top in MODES[:3]:
+        out[f"exact experts and router, {name}"] = kit.sample_flow(ensemble(mode, top), n, 2, steps, seed=seed)
+    return out
+
+
+async def ddm_grid(args, root: Path, first: dict) -> list[dict]:
+    """The grid over ``--grid-seeds`` seeds (``first``: seed 0's models, kept for the faults part),
+    each seed its own data draws, k-means, models and sampling noise: the floor, the monolith, every
+    mode over the mesh and the exact references, by ``experts_kit.grid_mmd``; mean and spread over
+    the seeds, and issue 13's targets."""
+    from meshd.testing import experts_kit as kit
+
+    torch.set_num_threads(1)
+    per: dict[str, dict[str, list]] = {}  # row -> {"d": [MMD² per seed], "evals": [...], "calls": [...], "s": [...]}
+    params, count, train_s = first["params"], len(first["experts"]), []
+
+    def add(name: str, value: float, **more) -> None:
+        row = per.setdefault(name, {"d": []})
+        row["d"].append(value)
+        for key, v in more.items():
+            row.setdefault(key, []).append(v)
+
+    for seed in range(args.grid_seeds):
+        models = first if seed == 0 else ddm_models(args, seed=seed)
+        train_s.append(models["train_s"])
+        held, distance = models["held"], models["distance"]
+        add("floor", models["floor"])
+        with torch.no_grad():
+            mono_x = kit.sample_flow(models["monolith"], args.samples, 2, args.ddm_sample_steps, seed=5 + seed)
+        add("monolith", distance(mono_x, held))
+        sampled = await sample_modes(args, root / f"ddm{seed}", models, seed=5 + seed)
+        for name, (out, seconds) in sampled.items():
+            add(name, distance(out.x, held), evals=sum(out.rows.values()), calls=sum(out.calls.values()), s=seconds,
+                dropped=len(out.dropped))
+        for name, x in exact_samples(args, models, seed=5 + seed).items():
+            add(name, distance(x, held))
+        log(f"[ddm] seed {seed}: " + ", ".join(f"{name} {row['d'][-1]:.5f}" for name, row in per.items()))
+        if seed == 0:
+            SAMPLES.update({"held-out data": _keep(held), "monolith": _keep(mono_x),
+                            **{name: _keep(out.x) for name, (out, _) in sampled.items()}})
+    mean = {name: statistics.mean(row["d"]) for name, row in per.items()}
+    seeds = f"{args.grid_seeds} seed{'s' if args.grid_seeds > 1 else ''}"
+    labels = {"floor": "floor: held-out vs held-out",
+              "monolith": f"monolith ({params[1]:,} params, {count * args.grid_steps} steps), in process",
+              **{name: f"DDM {name} over the mesh ({count} x {params[0]:,} params, {args.grid_steps} steps each)"
+                 for name, _, _ in MODES},
+              "exact velocity": "reference: the exact velocity, same sampler, in process",
+              **{f"exact experts and router, {name}": f"reference: DDM {name}, exact experts and router, in process"
+                 for name, _, _ in MODES[:3]}}
+    rows = []
+    for name, row in per.items():
+        detail = [f"MMD² {_spread(row['d'])} over {seeds}",
+                  f"MMD {_spread([math.sqrt(v) for v in row['d']], 4)}"]
+        if name != "floor":
+            detail.append(f"{mean[name] / mean['floor']:.1f}x the floor's MMD²")
+        if "s" in row:
+            detail.append(f"{statistics.mean(row['s']):.1f} s a run, calls {row['calls'][0]}"
+                          + (f", DROPPED in {sum(row['dropped'])} runs" if sum(row["dropped"]) else ""))
+        rows.append({"part": "ddm", "what": labels[name], "mmd2": mean[name], "mmd": statistics.mean(
+            math.sqrt(v) for v in row["d"]), "evals": row["evals"][0] if "evals" in row else None,
+            "calls": row["calls"][0] if "calls" in row else None, "detail": "; ".join(detail)})
+
+    def ratios(a: str, b: str, root_: bool = False) -> list[float]:
+        f = math.sqrt if root_ else (lambda v: v)
+        return [f(x) / f(y) for x, y in zip(per[a]["d"], per[b]["d"])]
+
+    def verdict(values: list[float], ok) -> str:
+        hits = sum(map(ok, values))
+        return "met" if hits == len(values) else "MISSED" if not hits else f"met in {hits} of {len(values)} seeds"
+
+    calls = [c / f for c, f in zip(per["top2"]["calls"], per["full"]["calls"])]
+    evals = [c / f for c, f in zip(per["top2"]["evals"], per["full"]["evals"])]
+    checks = [("full / floor", ratios("full", "floor"), ratios("full", "floor", True), lambda r: r <= 3, "<= 3x"),
+              ("monolith / full", ratios("monolith", "full"), ratios("monolith", "full", True), lambda r: r >= 5,
+               ">= 5x"),
+              *((f"uniform / {m}", ratios("uniform", m), ratios("uniform", m, True), lambda r: r >= 10, ">= 10x")
+                for m in ("full", "top2", "top1"))]
+    text = [f"{what} {_ratio(sq)} on MMD² ({_ratio(rt)} on MMD): {verdict(sq, ok)} (target {goal})"
+            for what, sq, rt, ok, goal in checks]
+    text.append(f"top2 / full: expert rows {_ratio(evals)}: {verdict(evals, lambda r: r <= 0.5)}, "
+                f"RPC calls {_ratio(calls)}: {verdict(calls, lambda r: r <= 0.5)} (target <= 0.5)")
+    rows.append({"part": "ddm", "what": f"targets, mean (min-max) over {seeds}", "detail": "; ".join(text)})
+    rows.append({"part": "ddm", "what": "training", "detail":
+                 f"{_spread(train_s, 0)} s a seed for 4 experts, the router and the monolith; lr {args.grid_lr}, "
+                 f"decayed linearly to 0 over the last {args.grid_decay:.0%} of the steps; distance: "
+                 f"experts_kit.grid_mmd (V-statistic MMD², one RBF, σ = {kit.GRID_MMD_SIGMA}), {args.samples} "
+                 f"samples against {args.samples} held-out points, {args.ddm_sample_steps} Euler steps"})
     return rows
 
 
@@ -389,7 +535,7 @@ async def faults(args, root: Path, models: dict) -> list[dict]:
                 return sampled
 
             per_step, seconds, first_after = await steps_with_kill(steps, step, victim if fault else None, kill_at)
-            scores[fault] = kit.mmd(x, models["held"])
+            scores[fault] = models["distance"](x, models["held"])
             evals = sum(sum(s.rows.values()) for s in per_step)
             answered = [i for i, s in enumerate(per_step) if victim_id in s.rows]
             dropped = [i for i, s in enumerate(per_step) if victim_id in s.dropped]
@@ -606,7 +752,13 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=2000,
                         help="DDM samples per mode (and the grid's held-out points), on the grid and the digits")
     parser.add_argument("--ddm-steps", type=int, default=800,
-                        help="training steps per DDM expert and the router, on the grid and the digits")
+                        help="training steps per DDM expert and the router on the digits")
+    parser.add_argument("--grid-steps", type=int, default=1000,
+                        help="training steps per DDM expert and the router on the grid (the monolith: 4x)")
+    parser.add_argument("--grid-seeds", type=int, default=3, help="seeds of the grid's run (data, models, sampling)")
+    parser.add_argument("--grid-lr", type=float, default=4e-3, help="the grid's learning rate, every model")
+    parser.add_argument("--grid-decay", type=float, default=0.3,
+                        help="the grid's learning rate falls linearly to 0 over this last fraction of the steps")
     parser.add_argument("--ddm-sample-steps", type=int, default=50, help="Euler steps per sample")
     parser.add_argument("--hdee-seeds", type=int, default=2)
     parser.add_argument("--hdee-chars", type=int, default=150_000, help="characters read per text domain")
@@ -620,6 +772,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.samples, args.ddm_steps, args.ddm_sample_steps = 2.0, 600, 200, 20
+        args.grid_steps, args.grid_seeds = 100, 2
         args.hdee_seeds, args.hdee_seed_steps, args.hdee_steps, args.hdee_eval = 1, 40, 40, 1000
         args.fault_tokens, args.fault_lm_steps = 120, 40
     if args.only:
@@ -641,14 +794,15 @@ def main() -> int:
                 return trio.run(part, args, root, models)
             return run
 
-        parts = [("serving", lambda: trio.run(serving, args, root)), ("ddm", with_models(ddm, grid, ddm_models)),
+        parts = [("serving", lambda: trio.run(serving, args, root)), ("ddm", with_models(ddm_grid, grid, ddm_models)),
                  ("digits", with_models(digits, digit, digits_models)),
                  ("faults", with_models(faults, grid, lambda a: ddm_models(a, monolith=False))),
                  ("hdee-faults", lambda: trio.run(hdee_faults, args, root)),
                  ("hdee", lambda: trio.run(hdee, args, root))]
         rows, rc = run_parts(parts, args.skip, lambda name, msg: {"part": name, "what": "FAILED", "detail": msg},
                              {"part": "-", "what": "interrupted"})
-    columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "mmd2", "evals", "classes", "H bits", "shares max/min",
+    columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "mmd2", "mmd", "evals", "calls", "classes", "H bits",
+               "shares max/min",
                "bpc", "detail"]
     table = Table(title=f"Experts on the mesh, 127.0.0.1, {torch.get_num_threads()} torch thread(s) "
                         f"(run took {time.perf_counter() - started:.0f} s)", title_justify="left")
@@ -657,7 +811,7 @@ def main() -> int:
     for row in rows:
         table.add_row(*(fmt(row.get(c)) for c in columns))
     Console(width=200).print(table)
-    save_json(args.json, {"args": vars(args), "rows": rows})
+    save_json(args.json, {"args": vars(args), "rows": rows, "ddm_samples": SAMPLES})
     return rc
 
 

@@ -73,15 +73,28 @@ def _flow_batch(data: torch.Tensor, batch: int, gen: torch.Generator):
 
 
 def fit(model: torch.nn.Module, steps: int, lr: float, seed: int,
-         loss: Callable[[torch.Generator], torch.Tensor], *, clip: float | None = None) -> list[float]:
+        loss: Callable[[torch.Generator], torch.Tensor], *, clip: float | None = None,
+        decay: float = 0.0) -> list[float]:
     """``steps`` AdamW steps (a new optimizer) on ``loss(generator)``, its batches drawn
     from a generator seeded with ``seed``, ``model`` in training mode, gradients
-    clipped to norm ``clip`` if given; the per-step losses."""
+    clipped to norm ``clip`` if given; the per-step losses.
+
+    The learning rate is ``lr`` throughout, or with ``decay`` in (0, 1] held at ``lr``
+    and then brought down linearly to zero over the last ``decay`` of the steps
+    (step i of n runs at lr · min(1, (n − i) / (decay · n))): the last iterate of a
+    constant rate still wanders with the batches' noise, and small flow-matching
+    models sit on a plateau for their first few hundred steps, which a schedule that
+    decays from the start (cosine) can end before they leave it."""
+    if not 0.0 <= decay <= 1.0:
+        raise ValueError(f"decay is the fraction of the steps the learning rate falls over, 0 to 1, not {decay}")
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr)
     losses = []
     model.train()
-    for _ in range(steps):
+    for i in range(steps):
+        if decay:
+            for group in opt.param_groups:
+                group["lr"] = lr * min(1.0, (steps - i) / (decay * steps))
         value = loss(gen)
         opt.zero_grad(set_to_none=True)
         value.backward()
@@ -93,21 +106,21 @@ def fit(model: torch.nn.Module, steps: int, lr: float, seed: int,
 
 
 def train_flow(model: torch.nn.Module, data: torch.Tensor, steps: int, *, batch: int = 256, lr: float = 2e-3,
-               seed: int = 0) -> list[float]:
+               seed: int = 0, decay: float = 0.0) -> list[float]:
     """Trains velocity ``model`` in place on ``data`` [N, D]; the per-step losses.
 
     Each step: ``batch`` rows x1 of ``data``, noise x0 ~ N(0, I), t ~ U[0, 1),
     all from a generator seeded with ``seed``; loss = mean squared error of
-    model(x_t, t) against x1 − x0; one AdamW step."""
+    model(x_t, t) against x1 − x0; one AdamW step (the rate decayed as :func:`fit` says)."""
     def loss(gen: torch.Generator) -> torch.Tensor:
         _, x0, x1, t = _flow_batch(data, batch, gen)
         return F.mse_loss(model(interpolate(x0, x1, t), t), target_velocity(x0, x1))
 
-    return fit(model, steps, lr, seed, loss)
+    return fit(model, steps, lr, seed, loss, decay=decay)
 
 
 def train_router(router: torch.nn.Module, data: torch.Tensor, clusters: torch.Tensor, steps: int, *,
-                 batch: int = 256, lr: float = 2e-3, seed: int = 0) -> list[float]:
+                 batch: int = 256, lr: float = 2e-3, seed: int = 0, decay: float = 0.0) -> list[float]:
     """Trains ``router`` in place to predict ``clusters[i]`` (the cluster of the clean point data[i])
     from (x_t, t) on the same noisy paths as :func:`train_flow`; the per-step cross-entropies."""
     if len(clusters) != len(data):
@@ -117,4 +130,4 @@ def train_router(router: torch.nn.Module, data: torch.Tensor, clusters: torch.Te
         idx, x0, x1, t = _flow_batch(data, batch, gen)
         return F.cross_entropy(router(interpolate(x0, x1, t), t), clusters[idx])
 
-    return fit(router, steps, lr, seed, loss)
+    return fit(router, steps, lr, seed, loss, decay=decay)

@@ -60,11 +60,12 @@ import trio
 from experts.training import fit, kmeans, train_flow, train_router
 
 __all__ = [
-    "BUILDERS", "CHANGELOG_GLOB", "DOC_DIR", "DOMAINS", "EVAL_DOMAIN", "LICENSES_DIR", "MAN1_DIR", "MIN_CHARS",
-    "MMD_BANDWIDTHS", "STDLIB_DIR", "VOCAB",
+    "BUILDERS", "CHANGELOG_GLOB", "DOC_DIR", "DOMAINS", "EVAL_DOMAIN", "GRID_MMD_SIGMA", "LICENSES_DIR", "MAN1_DIR",
+    "MIN_CHARS", "MMD_BANDWIDTHS", "STDLIB_DIR", "VOCAB",
     "CharLM", "ExpertProcess", "ExpertSpec", "RouterMLP", "VelocityMLP",
     "bpc", "branch", "domain_text", "encode", "expert_process",
-    "grid_gaussians", "kmeans", "median_distance", "mlp", "mmd", "param_count", "sample_flow", "splits", "time_features",
+    "grid_centres", "grid_cluster_logits", "grid_gaussians", "grid_mmd", "grid_velocity", "kmeans",
+    "median_distance", "mlp", "mmd", "param_count", "sample_flow", "splits", "time_features",
     "token_logprobs", "train_ddm", "train_ddm_on", "train_flow", "train_lm", "train_router",
 ]
 
@@ -285,14 +286,63 @@ def branch(seed_model: torch.nn.Module) -> torch.nn.Module:
 
 # --------------------------------------------------------------------------- flow-matching data (DDM)
 
+def grid_centres(grid: int = 4, spacing: float = 1.0) -> torch.Tensor:
+    """The centres [grid², 2] of :func:`grid_gaussians`' modes, in the order it numbers them."""
+    axis = (torch.arange(grid, dtype=torch.float32) - (grid - 1) / 2) * spacing
+    return torch.cartesian_prod(axis, axis)
+
+
 def grid_gaussians(n: int, seed: int, *, grid: int = 4, std: float = 0.05, spacing: float = 1.0) -> torch.Tensor:
     """``n`` points [n, 2] from an equal mixture of grid × grid Gaussians (std ``std``) whose centres
     form a square grid, ``spacing`` apart, centred at the origin (for grid 4, spacing 1: ±0.5, ±1.5)."""
     gen = torch.Generator().manual_seed(seed)
-    axis = (torch.arange(grid, dtype=torch.float32) - (grid - 1) / 2) * spacing
-    centres = torch.cartesian_prod(axis, axis)
+    centres = grid_centres(grid, spacing)
     which = torch.randint(grid * grid, (n,), generator=gen)
     return centres[which] + std * torch.randn(n, 2, generator=gen)
+
+
+def _grid_posterior(x: torch.Tensor, t: torch.Tensor | float, std: float, centres: torch.Tensor):
+    """For x_t = (1 − t)·x0 + t·x1, x0 ~ N(0, I), x1 from the grid: the log-likelihood of x_t
+    under each mode (up to a constant shared by the modes) [B, M], t [B, 1] and the variance of
+    x_t given the mode [B, 1], all in float64."""
+    x = x.double()
+    t = _times(t, len(x)).double()[:, None]
+    var = (1 - t) ** 2 + (t * std) ** 2
+    mus = centres.double()
+    return -((x[:, None, :] - t[:, :, None] * mus[None]) ** 2).sum(-1) / (2 * var), t, var
+
+
+def grid_velocity(x: torch.Tensor, t: torch.Tensor | float, *, modes: torch.Tensor | None = None,
+                  grid: int = 4, std: float = 0.05, spacing: float = 1.0) -> torch.Tensor:
+    """The exact flow-matching velocity E[x1 − x0 | x_t] at points ``x`` [B, 2] and times ``t``
+    (a number, or [B]) of the flow from N(0, I) to :func:`grid_gaussians`' mixture, or to the
+    part of it on the modes ``modes`` (a bool mask [grid²]: what a perfect expert of that
+    cluster learns); float32 [B, 2].  Sampling with it shows what the sampler itself costs,
+    with no model error.  Each mode is Gaussian, so given the mode x1 and x_t are jointly
+    Gaussian: E[x1 − x0 | x_t, mode μ] = μ + (t·std² − (1 − t)) / var_t · (x_t − t·μ),
+    var_t = (1 − t)² + t²·std², weighed by the modes' posteriors."""
+    centres = grid_centres(grid, spacing)
+    logl, t, var = _grid_posterior(x, t, std, centres)
+    if modes is not None:
+        logl = logl.masked_fill(~modes.bool()[None], -math.inf)
+    w = torch.softmax(logl, 1)  # [B, M]
+    mus = centres.double()
+    x = x.double()
+    per_mode = mus[None] + ((t * std * std - (1 - t)) / var)[:, :, None] * (x[:, None, :] - t[:, :, None] * mus[None])
+    return (w[..., None] * per_mode).sum(1).float()
+
+
+def grid_cluster_logits(x: torch.Tensor, t: torch.Tensor | float, mode_clusters: torch.Tensor, clusters: int, *,
+                        grid: int = 4, std: float = 0.05, spacing: float = 1.0) -> torch.Tensor:
+    """The exact router for :func:`grid_gaussians`: log p(k | x_t, t) up to a constant per row
+    [B, clusters], mode m belonging to cluster ``mode_clusters[m]`` (every mode equally likely)."""
+    logl, _, _ = _grid_posterior(x, t, std, grid_centres(grid, spacing))
+    out = torch.full((len(x), clusters), -math.inf, dtype=torch.float64)
+    for k in range(clusters):
+        mine = mode_clusters == k
+        if bool(mine.any()):
+            out[:, k] = torch.logsumexp(logl[:, mine], 1)
+    return out
 
 
 # --------------------------------------------------------------------------- flow-matching models (DDM)
@@ -399,8 +449,9 @@ def _kernel_sum(a: torch.Tensor, b: torch.Tensor, gammas: torch.Tensor, chunk: i
 
 @torch.no_grad()
 def mmd(x: torch.Tensor, y: torch.Tensor, *, bandwidths: Iterable[float] = MMD_BANDWIDTHS,
-        scale: float | None = None, chunk: int = 1024) -> float:
-    """Unbiased MMD² between samples ``x`` [N, D] and ``y`` [M, D] (N, M >= 2).
+        scale: float | None = None, chunk: int = 1024, biased: bool = False) -> float:
+    """Unbiased MMD² between samples ``x`` [N, D] and ``y`` [M, D] (N, M >= 2), or with
+    ``biased`` the V-statistic.
 
     The kernel is a sum of RBFs k(a, b) = Σ_s exp(−|a − b|² / (2 σ_s²)) with
     σ_s = bandwidths[s] · ``scale``.  ``scale`` defaults to the median pairwise
@@ -411,8 +462,12 @@ def mmd(x: torch.Tensor, y: torch.Tensor, *, bandwidths: Iterable[float] = MMD_B
     about 1.7: σ from 0.17 to 3.4).  Pass ``bandwidths`` with ``scale=1.0``
     for absolute σ.  The estimate can be slightly negative when the two
     distributions are equal; mmd(x, x) itself is −2(mean k − k(a, a))/(N − 1),
-    zero up to O(1/N).  Pairwise distances go ``chunk`` rows at a time,
-    so 5,000 × 5,000 takes a few tens of MB."""
+    zero up to O(1/N).  With ``biased`` the within-set means keep their diagonals
+    (mean over all N² and M² pairs, in float64): the squared RKHS distance between the
+    two empirical mean embeddings, never negative (clamped at 0 against rounding), and
+    of two samples of one distribution about (1/N + 1/M)(k(a, a) − E k) rather than
+    zero, a floor that falls as the samples grow.  Pairwise distances go ``chunk``
+    rows at a time, so 5,000 × 5,000 takes a few tens of MB."""
     if x.dim() != 2 or y.dim() != 2 or x.shape[1] != y.shape[1] or len(x) < 2 or len(y) < 2:
         raise ValueError(f"need two sets of >= 2 rows of the same width, not {tuple(x.shape)}, {tuple(y.shape)}")
     if scale is None:
@@ -421,6 +476,11 @@ def mmd(x: torch.Tensor, y: torch.Tensor, *, bandwidths: Iterable[float] = MMD_B
     if len(sigmas) == 0 or bool((sigmas <= 0).any()):
         raise ValueError(f"bandwidths must be positive, got σ = {sigmas.tolist()}")
     gammas = 1.0 / (2.0 * sigmas.square())
+    if biased:
+        x, y = x.double(), y.double()
+        value = (_kernel_sum(x, x, gammas, chunk) / len(x) ** 2 + _kernel_sum(y, y, gammas, chunk) / len(y) ** 2
+                 - 2.0 * _kernel_sum(x, y, gammas, chunk) / (len(x) * len(y)))
+        return max(0.0, value)
     x, y = x.float(), y.float()
     n, m, diag = len(x), len(y), float(len(sigmas))  # k(a, a) = one per bandwidth
     kxx = (_kernel_sum(x, x, gammas, chunk) - n * diag) / (n * (n - 1))
@@ -429,41 +489,68 @@ def mmd(x: torch.Tensor, y: torch.Tensor, *, bandwidths: Iterable[float] = MMD_B
     return kxx + kyy - 2.0 * kxy
 
 
+GRID_MMD_SIGMA = 0.1
+""":func:`grid_mmd`'s kernel width: twice the grid's modes' std (0.05) and a tenth of their spacing (1),
+so the distance sees each mode's place, weight and width, and any mass between the modes."""
+
+
+def grid_mmd(x: torch.Tensor, y: torch.Tensor) -> float:
+    """The benchmark's distance on the 4 × 4 grid: the biased (V-statistic) MMD² of one RBF
+    kernel of fixed σ = :data:`GRID_MMD_SIGMA`, never negative, the same kernel whatever the
+    samples (no median heuristic).  Its square root is the MMD, a distance."""
+    return mmd(x, y, bandwidths=(GRID_MMD_SIGMA,), scale=1.0, biased=True)
+
+
 def train_ddm_on(train: torch.Tensor, held: torch.Tensor, held2: torch.Tensor, steps: int, *, clusters: int = 4,
-                 width: int = 256, monolith_width: int | None = None) -> dict:
+                 width: int = 256, monolith_width: int | None = None, seed: int = 0, lr: float = 2e-3,
+                 decay: float = 0.0, router_steps: int | None = None,
+                 distance: Callable[[torch.Tensor, torch.Tensor], float] | None = None) -> dict:
     """The DDM setup on any data [N, D], trained in this process (seeded): ``train`` cut by
     k-means into ``clusters``, one :class:`VelocityMLP` of ``width`` per cluster and a
-    :class:`RouterMLP`, ``steps`` steps each; with ``monolith_width``, one VelocityMLP that
-    wide (pick it to match the experts' total parameters) trained ``clusters × steps``
-    steps on all of ``train``.  Returns ``held``, ``held2``, ``floor`` (MMD² between the
-    two held-out sets), ``experts``, ``router``, ``monolith`` (or None), ``params`` (one
-    expert's, the monolith's), ``dim``, ``steps`` and ``assign`` (each training row's
-    cluster)."""
-    dim = train.shape[1]
-    assign, _ = kmeans(train, clusters, seed=0)
+    :class:`RouterMLP`, ``steps`` steps each (the router ``router_steps`` if given); with
+    ``monolith_width``, one VelocityMLP that wide (pick it to match the experts' total
+    parameters) trained ``clusters × steps`` steps on all of ``train``.  Every model trains
+    at learning rate ``lr``, decayed over the last ``decay`` of its steps
+    (:func:`experts.training.fit`).  ``seed`` 0 gives the seeds earlier versions used;
+    another shifts every seed (k-means, each model's initialisation and batches) by
+    100 × ``seed``.  Returns ``held``, ``held2``, ``floor`` (``distance`` between the two
+    held-out sets, :func:`mmd` by default, and ``distance`` itself), ``experts``, ``router``,
+    ``monolith`` (or None), ``params`` (one expert's, the monolith's), ``dim``, ``steps``,
+    ``assign`` (each training row's cluster) and ``centres`` (the clusters')."""
+    dim, shift = train.shape[1], 100 * seed
+    distance = mmd if distance is None else distance
+    assign, centres = kmeans(train, clusters, seed=seed)
     experts = []
     for k in range(clusters):
-        expert = VelocityMLP(dim, width, seed=k)
-        train_flow(expert, train[assign == k], steps, seed=k)
+        expert = VelocityMLP(dim, width, seed=k + shift)
+        train_flow(expert, train[assign == k], steps, seed=k + shift, lr=lr, decay=decay)
         experts.append(expert.eval())
-    router = RouterMLP(dim, clusters, width, seed=9)
-    train_router(router, train, assign, steps, seed=9)
+    router = RouterMLP(dim, clusters, width, seed=9 + shift)
+    train_router(router, train, assign, steps if router_steps is None else router_steps, seed=9 + shift, lr=lr,
+                 decay=decay)
     mono = None
     if monolith_width:
-        mono = VelocityMLP(dim, width=monolith_width, seed=7)
-        train_flow(mono, train, clusters * steps, seed=7)
+        mono = VelocityMLP(dim, width=monolith_width, seed=7 + shift)
+        train_flow(mono, train, clusters * steps, seed=7 + shift, lr=lr, decay=decay)
         mono.eval()
-    return {"held": held, "held2": held2, "floor": mmd(held2, held), "experts": experts, "router": router.eval(),
-            "monolith": mono, "params": (param_count(experts[0]), param_count(mono) if mono else None),
-            "dim": dim, "steps": steps, "assign": assign}
+    return {"held": held, "held2": held2, "floor": distance(held2, held), "distance": distance, "experts": experts,
+            "router": router.eval(), "monolith": mono,
+            "params": (param_count(experts[0]), param_count(mono) if mono else None),
+            "dim": dim, "steps": steps, "assign": assign, "centres": centres}
 
 
-def train_ddm(steps: int, samples: int, *, clusters: int = 4, monolith: bool = False) -> dict:
+def train_ddm(steps: int, samples: int, *, clusters: int = 4, monolith: bool = False, seed: int = 0,
+              **recipe) -> dict:
     """:func:`train_ddm_on` the 4 × 4 grid: 8000 training points, ``samples`` held-out points
-    and as many more for the floor; with ``monolith``, a monolith of width 512 (about 4
-    experts' parameters)."""
-    train, held, held2 = (grid_gaussians(n, seed=s) for n, s in ((8000, 0), (samples, 1), (samples, 2)))
-    return train_ddm_on(train, held, held2, steps, clusters=clusters, monolith_width=512 if monolith else None)
+    and as many more for the floor (drawn with seeds 10·``seed`` + 0, 1, 2); with ``monolith``,
+    a monolith of width 512 (about 4 experts' parameters); ``recipe``: train_ddm_on's ``lr``,
+    ``decay``, ``router_steps``, ``distance``.  Adds ``mode_clusters``: the cluster of each
+    of the grid's modes (its centre's nearest cluster centre), for :func:`grid_cluster_logits`."""
+    train, held, held2 = (grid_gaussians(n, seed=10 * seed + s) for n, s in ((8000, 0), (samples, 1), (samples, 2)))
+    models = train_ddm_on(train, held, held2, steps, clusters=clusters, monolith_width=512 if monolith else None,
+                          seed=seed, **recipe)
+    models["mode_clusters"] = torch.cdist(grid_centres(), models["centres"]).argmin(1)
+    return models
 
 
 # --------------------------------------------------------------------------- experts served by a process of their own

@@ -526,3 +526,19 @@ async def test_a_node_the_registry_owner_did_not_let_write_still_serves_and_says
         outputs, _ = await a.service("experts").call(b.peer_id, "lin", "forward", [x])
         assert torch.allclose(outputs[0], module.linear(x).detach(), atol=1e-6)
         assert "lin" not in await a.service("experts").registry()
+
+
+@pytest.mark.parametrize("mode, called", [("full", ["c0", "c1", "c2"]), ("topk", ["c0", "c2"]), ("top1", ["c0"])])
+async def test_ddm_calls_only_the_experts_some_sample_is_routed_to_at_that_step(tmp_path, mode, called):
+    centres = [[2.0, 0.0], [-2.0, 0.0], [0.5, 0.5]]
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 2)
+        for i, centre in enumerate(centres):
+            await mx.serve(nodes[0], Flow(centre), expert_id=f"c{i}", kind="flow")
+        await mx.serve(nodes[0], Router(centres), expert_id="router", kind="router")
+        ens = mx.DDMEnsemble(nodes[1], [f"c{i}" for i in range(3)], "router", mode=mode, top_k=2)
+        sampled = mx.Sampled(torch.zeros(0), {}, {})
+        x = torch.tensor([2.0, 0.0]) + 0.1 * torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+        await ens.velocity(x, 0.5, sampled)  # every sample nearest c0, then c2: c1 is never in a top 2
+        assert sorted(sampled.calls) == called and set(sampled.calls.values()) == {1}
+        assert sampled.rows == {name: 8 for name in called}

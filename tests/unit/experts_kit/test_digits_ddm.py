@@ -70,3 +70,20 @@ def test_train_ddm_on_any_dimension_gives_an_expert_per_cluster_a_router_and_the
     assert m["params"] == (ek.param_count(m["experts"][0]), ek.param_count(m["monolith"]))
     assert m["floor"] == ek.mmd(held2, held) and m["held"] is held and m["held2"] is held2
     assert ek.train_ddm_on(train, held, held2, 1, clusters=2, width=8)["monolith"] is None
+
+
+def test_train_ddm_takes_a_seed_a_recipe_and_a_distance_and_says_each_modes_cluster():
+    calls = []
+
+    def distance(x, y):
+        calls.append((len(x), len(y)))
+        return 0.5
+
+    m = ek.train_ddm(2, 30, seed=1, lr=1e-3, decay=0.5, router_steps=3, distance=distance)
+    assert m["floor"] == 0.5 and m["distance"] is distance and calls == [(30, 30)]
+    assert torch.equal(m["held"], ek.grid_gaussians(30, seed=11))  # seed 1: data seeds 10, 11, 12
+    assert m["centres"].shape == (4, 2) and m["mode_clusters"].shape == (16,)
+    assert sorted(torch.bincount(m["mode_clusters"], minlength=4).tolist()) == [4, 4, 4, 4]  # the quadrants
+    first = ek.train_ddm(2, 30)
+    assert torch.equal(first["held"], ek.grid_gaussians(30, seed=1))  # seed 0: the seeds earlier versions used
+    assert not torch.equal(first["experts"][0].net[0].weight, m["experts"][0].net[0].weight)

@@ -176,3 +176,42 @@ def test_trainers_are_deterministic_given_their_seeds():
     data = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
     runs = [ek.train_flow(ek.VelocityMLP(2, width=16, depth=1, seed=4), data, 3, batch=8, seed=5) for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_the_biased_mmd_keeps_the_diagonals_is_never_negative_and_has_a_positive_floor():
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(50, 3, generator=gen), torch.randn(40, 3, generator=gen) + 0.5
+    sigmas = (0.5, 2.0)
+
+    def k(a, b):
+        d2 = torch.cdist(a.double(), b.double()).square()
+        return sum(torch.exp(-d2 / (2 * s * s)) for s in sigmas)
+
+    want = k(x, x).mean() + k(y, y).mean() - 2 * k(x, y).mean()
+    assert ek.mmd(x, y, bandwidths=sigmas, scale=1.0, chunk=7, biased=True) == pytest.approx(float(want), abs=1e-9)
+    assert ek.mmd(x, x, biased=True) == 0.0
+    a, b = ek.grid_gaussians(800, seed=1), ek.grid_gaussians(800, seed=2)  # two draws of one distribution
+    floor = ek.grid_mmd(a, b)
+    assert 0 < floor < 4 / 800  # about (1/N + 1/M)(k(a, a) − E k) = (2/800)(1 − E k)
+    assert ek.grid_mmd(a, ek.grid_gaussians(800, seed=3, std=0.15)) > 5 * floor  # modes three times too wide
+
+
+def test_the_grid_velocity_is_exact_at_t0_and_carries_noise_onto_the_modes():
+    x = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(ek.grid_velocity(x, 0.0), -x, atol=1e-6)  # the modes' mean (0) minus x
+    one = torch.zeros(16, dtype=torch.bool)
+    one[5] = True
+    assert torch.allclose(ek.grid_velocity(x, 0.0, modes=one), ek.grid_centres()[5] - x, atol=1e-6)
+    held = ek.grid_gaussians(600, seed=1)
+    out = ek.sample_flow(ek.grid_velocity, 600, 2, 100, seed=3)
+    assert ek.grid_mmd(out, held) < 2 * ek.grid_mmd(ek.grid_gaussians(600, seed=2), held)
+
+
+def test_the_exact_grid_router_is_the_prior_at_t0_and_knows_the_cluster_at_the_end():
+    mode_clusters = torch.tensor([0, 0, 1, 1] * 4)  # by the sign of the second coordinate
+    centres = ek.grid_centres()
+    at_zero = ek.grid_cluster_logits(torch.randn(8, 2), 0.0, mode_clusters, 2)
+    assert torch.allclose(at_zero[:, 0], at_zero[:, 1])  # 8 modes each, equally likely
+    near_end = ek.grid_cluster_logits(0.99 * centres, torch.full((16,), 0.99), mode_clusters, 2)
+    assert torch.equal(near_end.argmax(1), mode_clusters)
+    assert ek.grid_cluster_logits(centres, 1.0, torch.zeros(16, dtype=torch.long), 2)[:, 1].eq(-math.inf).all()
