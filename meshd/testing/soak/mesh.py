@@ -95,11 +95,13 @@ class Cut:
 
 @dataclass
 class Cluster:
-    """Slots that reach each other; ``slots[0]`` is the seed (never killed)."""
+    """Slots that reach each other; ``slots[0]`` is the seed (never killed).  ``local``: a
+    process started here (a training member, an expert server) can reach the seed."""
 
     name: str
     slots: list[Slot]
     cuts: list[Cut] = field(default_factory=list)
+    local: bool = False
 
     @property
     def seed(self) -> Slot:
@@ -132,7 +134,7 @@ def loopback_cluster(root: Path, nodes: int, config: dict, name: str = "loopback
 
         return Slot(data_dir.name, make)
 
-    return Cluster(name, [slot(i) for i in range(nodes)])
+    return Cluster(name, [slot(i) for i in range(nodes)], local=True)
 
 
 def _proc_status(daemon: Daemon) -> dict[str, int]:

@@ -23,7 +23,10 @@ from .checks import (
     process_checks,
     read_back_dht,
 )
+from .expert_calls import ExpertLog, ExpertPlan, expert_checks, run_expert_calls
 from .mesh import Cluster
+from .scripts import Window
+from .training import TrainingLog, TrainingPlan, run_training, training_checks
 from .work import Ledger, ModelSource, Pace, fetch_models, open_document, publish_models, put_and_get, \
     write_document
 
@@ -49,6 +52,8 @@ class SoakPlan:
     seed: int = 0
     pace: Pace = field(default_factory=Pace)
     chaos: ChaosPlan = field(default_factory=ChaosPlan)
+    training: TrainingPlan | None = None  # DiLoCo member processes beside the first local cluster
+    experts: ExpertPlan | None = None  # expert servers and a caller beside the first local cluster
 
 
 @dataclass
@@ -59,6 +64,8 @@ class SoakReport:
     chaos: ChaosLog
     checks: list[Check]
     phases: dict[str, float]  # seconds each phase took: start, join, work, recover, check
+    training: TrainingLog | None = None
+    experts: ExpertLog | None = None
 
     @property
     def wall(self) -> float:
@@ -80,25 +87,28 @@ async def run_soak(clusters: list[Cluster], plan: SoakPlan, folder: Path) -> Soa
     rng = random.Random(plan.seed)
     ledgers = {cluster.name: Ledger() for cluster in clusters}
     log = ChaosLog()
+    scripts = Scripts(plan, clusters)
     try:
         await _start_all(clusters)
         phases.lap("start")
-        lonely = await _joined(clusters, plan.converge_timeout)
-        for cluster in clusters:
-            await open_document(cluster, ledgers[cluster.name])
-        phases.lap("join")
-        async with trio.open_nursery() as watching:
-            watching.start_soon(watch, clusters)
-            await _work(clusters, ledgers, plan, log, rng, Path(folder))
-            phases.lap("work")
-            for cluster in clusters:  # a restart that failed gets one more try
-                for slot in cluster.victims:
-                    if not slot.up and not slot.crashes and await start_slot(cluster, slot, log):
-                        log.restarts += 1
-            phases.lap("recover")
-            checks = await _check(clusters, ledgers, plan)
-            phases.lap("check")
-            watching.cancel_scope.cancel()
+        async with trio.open_nursery() as beside:  # script processes start while the mesh joins
+            scripts.start(beside, Path(folder), random.Random(f"{plan.seed}/scripts"))
+            lonely = await _joined(clusters, plan.converge_timeout)
+            for cluster in clusters:
+                await open_document(cluster, ledgers[cluster.name])
+            phases.lap("join")
+            async with trio.open_nursery() as watching:
+                watching.start_soon(watch, clusters)
+                await _work(clusters, ledgers, plan, log, rng, Path(folder), scripts)
+                phases.lap("work")
+                for cluster in clusters:  # a restart that failed gets one more try
+                    for slot in cluster.victims:
+                        if not slot.up and not slot.crashes and await start_slot(cluster, slot, log):
+                            log.restarts += 1
+                phases.lap("recover")
+                checks = await _check(clusters, ledgers, plan) + scripts.checks()
+                phases.lap("check")
+                watching.cancel_scope.cancel()
         if lonely:
             checks.insert(0, Check("every daemon joined the DHT before the work", False, f"alone: {lonely}"))
         for cluster in clusters:
@@ -107,7 +117,7 @@ async def run_soak(clusters: list[Cluster], plan: SoakPlan, folder: Path) -> Soa
         checks += process_checks(clusters, plan.rss_bound_mib)
         if log.restart_failures:
             checks.append(Check("every restart started", False, "; ".join(log.restart_failures)))
-        return SoakReport(plan, clusters, ledgers, log, checks, phases.seconds)
+        return SoakReport(plan, clusters, ledgers, log, checks, phases.seconds, scripts.training, scripts.experts)
     finally:
         for cluster in clusters:
             for slot in cluster.slots:
@@ -146,8 +156,56 @@ async def _joined(clusters: list[Cluster], timeout: float) -> list[str]:
     return sorted(waiting)
 
 
+class Scripts:
+    """The work of script processes (training members, expert servers and their caller), which
+    runs beside the first cluster a process started here can reach (the loopback one).  The
+    processes start once every daemon is up (started beside them, 35 daemons took over 30 s
+    to start on 2 loaded cores), while the mesh joins; the calls begin with the work, and
+    the work phase lasts until the training has ended (each bounded on its own)."""
+
+    def __init__(self, plan: SoakPlan, clusters: list[Cluster]):
+        self.cluster = next((cluster for cluster in clusters if cluster.local), None)
+        self.training = TrainingLog(plan.training) if plan.training else None
+        self.experts = ExpertLog(plan.experts) if plan.experts else None
+        self.window = Window()
+        self.ended: list[trio.Event] = []
+
+    def start(self, nursery: trio.Nursery, folder: Path, rng: random.Random) -> None:
+        if self.cluster is None:
+            return
+        if self.training is not None:
+            nursery.start_soon(self._run, self._ended(), run_training, self.cluster, self.training.plan,
+                               folder / "training", self.training)
+        if self.experts is not None:
+            nursery.start_soon(self._run, self._ended(), run_expert_calls, self.cluster, self.experts.plan,
+                               folder / "experts", self.window, self.experts, _fork(rng), SOAK_CONFIG)
+
+    def _ended(self) -> trio.Event:
+        self.ended.append(trio.Event())
+        return self.ended[-1]
+
+    @staticmethod
+    async def _run(ended: trio.Event, task, *args) -> None:
+        try:
+            await task(*args)
+        finally:
+            ended.set()
+
+    async def work(self, deadline: float) -> None:
+        """Let the calls begin, and return once every script task has ended."""
+        self.window.open(deadline)
+        for ended in self.ended:
+            await ended.wait()
+
+    def checks(self) -> list[Check]:
+        if (self.training or self.experts) and self.cluster is None:
+            return [Check("training and expert calls", False, "no cluster on this host (loopback) to run them by")]
+        return ((training_checks(self.training) if self.training else [])
+                + (expert_checks(self.experts) if self.experts else []))
+
+
 async def _work(clusters: list[Cluster], ledgers: dict[str, Ledger], plan: SoakPlan, log: ChaosLog,
-                rng: random.Random, folder: Path) -> None:
+                rng: random.Random, folder: Path, scripts: Scripts) -> None:
     deadline = trio.current_time() + plan.duration
     pace = plan.pace
     async with trio.open_nursery() as nursery:
@@ -168,6 +226,7 @@ async def _work(clusters: list[Cluster], ledgers: dict[str, Ledger], plan: SoakP
         nursery.start_soon(kill_and_restart, clusters, plan.chaos, log, _fork(rng), deadline)
         cuts = [cut for cluster in clusters for cut in cluster.cuts]
         nursery.start_soon(cut_and_restore, cuts, plan.chaos, log, _fork(rng), deadline)
+        nursery.start_soon(scripts.work, deadline)
 
 
 async def _check(clusters: list[Cluster], ledgers: dict[str, Ledger], plan: SoakPlan) -> list[Check]:
