@@ -108,11 +108,16 @@ class RoundClock:
         self.floor, self.ceiling, self.default = floor, ceiling, default
         self._seen: deque[float] = deque(maxlen=window)
 
-    def observe(self, seconds: float) -> None:
-        """Record one round's (or exchange's) duration; ValueError unless finite and non-negative."""
+    def observe(self, seconds: float, complete: bool = True) -> None:
+        """Record one round's (or exchange's) duration; ValueError unless finite and non-negative.
+
+        A round that was not ``complete`` (a contributor's part never came, so it
+        ran to its deadline) is not recorded: it measures the timeout, not the
+        members, and each such round would stretch the next timeout 3x."""
         if not 0 <= seconds < math.inf:
             raise ValueError(f"a duration is finite and non-negative, not {seconds}")
-        self._seen.append(seconds)
+        if complete:
+            self._seen.append(seconds)
 
     def timeout(self) -> float:
         """How long to wait for the next round."""

@@ -157,17 +157,14 @@ class Group:
         return sorted({*self.view.members, *self._heard_of} - {self.me})
 
     async def greet(self, peer: PeerId) -> None:
-        """Say hello to ``peer``; one that does not answer within a heartbeat is
-        not heard from, and a quiet one that does not is forgotten (the DHT or
-        another member's hello brings it back if it returns).
-
-        One heartbeat, live or not: a heartbeat's greetings end together, so a
-        member that died and still looks live would otherwise hold back the
-        hellos to every other member past their timeout (3 heartbeats), and
-        members that are all live would fix rosters without each other."""
+        """Say hello to ``peer``; a live one that does not answer within the round
+        clock's floor is not heard from, and a quiet one that does not answer
+        within a heartbeat is forgotten (the DHT or another member's hello brings
+        it back if it returns).  The service runs each greeting on its own, so a
+        slow one holds back no other."""
         live = peer.key in self.view.live(trio.current_time())
         try:
-            with trio.fail_after(self.view.heartbeat_interval):
+            with trio.fail_after(self.clock.floor if live else self.view.heartbeat_interval):
                 reply = await self._host.rpc.call(peer, "learning.hello", self.hello())
             self.hello_from(peer, reply)
         except (RpcError, trio.TooSlowError, OSError) as exc:
@@ -446,8 +443,9 @@ class Group:
         for older in self._exchanges.values():  # ... and only this round's and the one before (a member a round
             if older.key[0] < key[0] - 1 and older.over:  # behind may still fetch it); older ones are past their deadlines
                 older.offer = None
-        self.clock.observe(trio.current_time() - started)
-        return out, None if lossless else sent, [ranges[i] for i in core.missing_parts()], used_by_any
+        missing = core.missing_parts()
+        self.clock.observe(trio.current_time() - started, complete=not missing and used_by_any >= set(members))
+        return out, None if lossless else sent, [ranges[i] for i in missing], used_by_any
 
     def _exchange(self, key: tuple) -> Exchange:
         exchange = self._exchanges.get(key)

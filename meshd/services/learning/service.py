@@ -143,28 +143,48 @@ class Learning:
             self._providers.unprovide(PROVIDER_PREFIX + name.encode())
 
     async def _keep(self, group: Group) -> None:
-        """Announce ``group``, find its members, and greet them, until it is left."""
+        """Announce ``group``, find its members, and greet them, until it is left.
+
+        Greetings run on their own, one at a time per peer: a member that died
+        but still looks live (its hello waits out the round clock's floor) holds
+        back no hello to the others.  Only the first heartbeat's greetings are
+        waited for, so that a member starting to train knows who is there."""
         key = PROVIDER_PREFIX + group.name.encode()
         next_discovery, provided = 0.0, False
+        greeting: set[bytes] = set()  # peers with a hello in flight
+
+        async def greet(peer: bytes) -> None:
+            try:
+                await group.greet(PeerId(peer))
+            finally:
+                greeting.discard(peer)
+
         with group.cancel_scope:
-            while True:
-                now = trio.current_time()
-                if now >= next_discovery:
-                    next_discovery = now + self.config.discover_interval
-                    try:
-                        if not provided:
-                            provided = await self._providers.provide(key) > 0
-                        for contact in await self._providers.find_providers(key, self.config.max_members):
-                            group.heard_of(contact.public_key)
-                    except DhtError as exc:
-                        log.debug("group %s: provider lookup failed: %s", group.name, exc)
-                async with trio.open_nursery() as nursery:
-                    for peer in group.to_greet():
-                        nursery.start_soon(group.greet, PeerId(peer))
-                group.settled.set()
-                with trio.move_on_after(self.config.heartbeat_interval):
-                    await group.wake.wait()
-                group.wake = trio.Event()
+            async with trio.open_nursery() as background:
+                while True:
+                    now = trio.current_time()
+                    if now >= next_discovery:
+                        next_discovery = now + self.config.discover_interval
+                        try:
+                            if not provided:
+                                provided = await self._providers.provide(key) > 0
+                            for contact in await self._providers.find_providers(key, self.config.max_members):
+                                group.heard_of(contact.public_key)
+                        except DhtError as exc:
+                            log.debug("group %s: provider lookup failed: %s", group.name, exc)
+                    due = [peer for peer in group.to_greet() if peer not in greeting]
+                    greeting.update(due)
+                    if group.settled.is_set():
+                        for peer in due:
+                            background.start_soon(greet, peer)
+                    else:
+                        async with trio.open_nursery() as first:
+                            for peer in due:
+                                first.start_soon(greet, peer)
+                        group.settled.set()
+                    with trio.move_on_after(self.config.heartbeat_interval):
+                        await group.wake.wait()
+                    group.wake = trio.Event()
 
     # --- serving peers ---------------------------------------------------------------
 

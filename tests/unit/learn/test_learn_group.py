@@ -120,6 +120,18 @@ def test_the_round_timeout_follows_measured_rounds():
     assert clock.timeout() == 1.0  # the floor
 
 
+def test_rounds_that_ran_to_their_deadline_do_not_stretch_the_timeout():
+    clock = RoundClock(floor=1.0, ceiling=600.0)
+    for _ in range(5):
+        clock.observe(2.0)
+    assert clock.timeout() == 6.0
+    for _ in range(10):  # a dead contributor: each round waits out the timeout, then stretched it 3x
+        clock.observe(clock.timeout(), complete=False)
+    assert clock.timeout() == 6.0
+    clock.observe(2.5)
+    assert clock.timeout() == 7.5
+
+
 def test_the_round_timeout_is_three_times_the_90th_percentile_of_the_last_20():
     clock = RoundClock(floor=0.0, ceiling=1e9)
     for seconds in range(1, 101):  # only 81..100 are kept
