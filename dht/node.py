@@ -175,6 +175,7 @@ class DhtNode:
         self._on_lookup = on_lookup  # told of each finished lookup and whether lookup_timeout ended it
         self._shared: dict[tuple, _Shared] = {}
         self._provided: dict[bytes, float] = {}  # key -> when to republish (trio time)
+        self._thin: dict[bytes, float] = {}  # key taken by too few nodes -> seconds until it is provided again
         self._failed: dict[bytes, float] = {}  # public key -> when it last failed a query
         self._answer_time = _Ewma()  # how long peers take to answer a lookup query (seconds)
         self._provider_addrs: dict[bytes, tuple[str, ...]] = {}  # public key -> addresses a provider entry gave
@@ -548,13 +549,34 @@ class DhtNode:
             if key not in self._provided:
                 self._provided[key] = clock + interval * self.rng.uniform(0.5, 1.0)
         msg_base = {"a": list(self._addrs()), "ttl": self.config.provider_ttl}
-        return await self._replicate({k: k for k in keys}, ADD_PROVIDER,
-                                     lambda batch: {**msg_base, "keys": batch},
-                                     lambda reply, n: n if reply.get("added") == n else 0)
+        stored = await self._replicate({k: k for k in keys}, ADD_PROVIDER,
+                                       lambda batch: {**msg_base, "keys": batch},
+                                       lambda reply, n: n if reply.get("added") == n else 0)
+        self._retry_thin(stored)
+        return stored
+
+    def _retry_thin(self, stored: dict[bytes, int]) -> None:
+        """Bring the republish of keys fewer than ``put_quorum`` nodes took forward.
+
+        A node that provides right after it joined knows few nodes, so its
+        record lands on few, perhaps not the closest (lookups then miss it
+        until the republish, hours later).  Such a key is provided again after
+        the maintenance interval, then twice that, and so on, until enough
+        nodes take it or the normal interval comes first."""
+        clock, enough = self.clock(), min(self.config.put_quorum, self.config.k)
+        for key, count in stored.items():
+            if key not in self._provided:  # unprovided meanwhile
+                self._thin.pop(key, None)
+            elif count >= enough:
+                self._thin.pop(key, None)
+            else:
+                wait = self._thin[key] = 2 * self._thin.get(key, self.config.maintenance_interval / 2)
+                self._provided[key] = min(self._provided[key], clock + wait)
 
     def unprovide(self, key: bytes) -> None:
         """Stop republishing ``key``; the records elsewhere expire on their own."""
         self._provided.pop(key, None)
+        self._thin.pop(key, None)
 
     async def find_providers(self, key: bytes, count: int = 20) -> list[Contact]:
         """Up to ``count`` providers of ``key`` (this node first if it is one)."""

@@ -233,6 +233,32 @@ async def test_providers_are_found_and_republishing_is_spread_out(small):
     assert all(interval * 0.5 <= t <= interval for t in due)
 
 
+async def test_a_key_few_nodes_took_is_provided_again_soon_with_growing_waits(autojump_clock):
+    """A node that provides in a mesh of three (or right after joining) reaches fewer
+    than put_quorum nodes: it tries again after the maintenance interval, then twice
+    that, ..., and keeps the normal republish once enough nodes take the key."""
+    net = SimNetwork(latency=0.0)
+    nodes = make_nodes(net, 3, config=DhtConfig(request_timeout=0.1), seed=4)
+    fill_tables(nodes, seed=4)
+    provider, cfg = nodes[0], nodes[0].config
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        start = trio.current_time()
+        assert (await provider.provide_many([b"model"]))[b"model"] == 2  # the other two: below the quorum of 5
+        assert provider._provided[b"model"] - start == cfg.maintenance_interval
+        provider._provided[b"model"] = start + cfg.provider_republish  # as _republish_providers does, then
+        provider._retry_thin({b"model": 1})  # taken by few again: the wait doubles
+        assert provider._provided[b"model"] - start == 2 * cfg.maintenance_interval
+        provider._provided[b"model"] = start + cfg.provider_republish
+        provider._retry_thin({b"model": cfg.put_quorum})  # enough nodes: the normal republish stays
+        assert b"model" not in provider._thin and provider._provided[b"model"] - start == cfg.provider_republish
+        provider.unprovide(b"model")
+        provider._retry_thin({b"model": 0})  # a provide that ended after the key was given up
+        assert b"model" not in provider._provided and b"model" not in provider._thin
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_provider_the_network_cannot_place_is_found_at_the_addresses_its_entry_gave(small):
     """A node that started a moment ago is a provider before its contact has spread: a
     seeker that found it through its provider entry can still dial it (find_peer)."""
