@@ -128,3 +128,11 @@ def fill_tables(nodes: list[DhtNode], seed: int = 0) -> None:
             mine = (own >> index) << index  # the nearer buckets all lie in our half
             if bisect.bisect_left(nums, mine + (1 << index)) - bisect.bisect_left(nums, mine) <= 1:
                 break
+
+
+def true_closest(nodes: list[DhtNode], target: bytes, k: int, exclude: DhtNode | None = None) -> list[bytes]:
+    """The public keys of the ``k`` nodes closest to ``target`` by XOR distance (leaving out
+    ``exclude``): what a perfect lookup over ``nodes`` would return."""
+    t = int.from_bytes(target, "big")
+    ranked = sorted((n for n in nodes if n is not exclude), key=lambda n: n.contact.num ^ t)
+    return [n.public_key for n in ranked[:k]]

@@ -1,8 +1,9 @@
 """Shared test set-up: helpers in tests/support/ import by plain name, and markers.
 
 Layers, each runnable alone: ``tests/unit`` (no sockets, under a minute),
-``tests/node`` (in-process nodes on loopback), ``tests/daemon`` (real
-``meshd`` processes), ``tests/lab`` (network namespaces; needs root).
+``tests/sim`` (sans-IO simulations too big for that minute), ``tests/node``
+(in-process nodes on loopback), ``tests/daemon`` (real ``meshd`` processes),
+``tests/lab`` (network namespaces; needs root).
 """
 
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
-_LAYERS = ("unit", "node", "daemon", "lab")
+_LAYERS = ("unit", "sim", "node", "daemon", "lab")
 
 
 def pytest_collection_modifyitems(config, items):
