@@ -78,7 +78,7 @@ def build_services(host: Node, config: Config, names: Sequence[str]) -> list[Ser
         shards = Shards(host, config.shards, providers=dht.node, records=dht.node, documents=crdt)
         built.append(shards)
     if "learning" in names:
-        built.append(Learning(host, config.learning, providers=dht.node, documents=crdt))
+        built.append(Learning(host, config.learning, providers=dht.node, documents=crdt, states=shards))
     if "experts" in names:
         built.append(Experts(host, config.experts, providers=dht.node, documents=crdt))
     if "metrics" in names:  # last: it reads the figures of those before it

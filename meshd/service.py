@@ -16,7 +16,7 @@ imports no service.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, Sequence
 
 import trio
 
@@ -111,6 +111,23 @@ class Providers(Protocol):
     async def provide(self, key: bytes) -> int: ...
     def unprovide(self, key: bytes) -> None: ...
     async def find_providers(self, key: bytes, count: int) -> Sequence[Contact]: ...
+
+
+class StateStore(Protocol):
+    """Sets of named tensors moved as shards (the shards service, which the root wires in):
+    how a training member hands its whole state to one that joins, which takes it from
+    every member holding the same bits at once."""
+
+    async def publish_tensors(self, name: str, tensors: Mapping[str, Any], *, version: int = 0) -> bytes:
+        """Keep ``tensors`` (a state_dict) as this node's model ``name`` and serve it to peers
+        that ask for its id (returned); any model this node published under ``name`` before
+        is dropped (unpinned, its chunks collected)."""
+
+    async def fetch_tensors(self, model_id: bytes, providers: Sequence[PeerId]) -> dict:
+        """The tensors of model ``model_id``, every chunk verified, from ``providers`` (the
+        manifest from the first that has it, chunks from all of them at once) into memory:
+        nothing is written to disk.  Raises an exception saying why if it cannot
+        (the shards service's FetchError, an RpcError)."""
 
 
 class Route(Protocol):

@@ -14,3 +14,4 @@ class LearningSection:
     round_timeout_min: float = 5.0  # an exchange waits at least this long for a slow member
     round_timeout_max: float = 600.0  # ... and never longer than this
     lane: bool = True  # tensor payloads over the TCP bulk lane to peers with a direct path (QUIC otherwise)
+    shard_sync_min_bytes: int = 64 << 20  # a whole state (θ and momentum) this large or more moves over shard sync

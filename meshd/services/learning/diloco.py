@@ -7,7 +7,11 @@ by one member, so every member receives the same values) and every member
 applies the same fp32 Nesterov step (:class:`learn.outer.OuterSGD`), so every
 member that took part ends the round with bit-identical θ and momentum.  It
 then publishes blake3(θ, momentum); a member whose hash differs from the
-majority's, or that joins, pulls the whole state from a member that agrees.
+majority's, or that joins, takes the whole state from a member that agrees:
+over shard sync when this node runs the ``shards`` service and the state is
+large (``[learning] shard_sync_min_bytes``; fetched into memory from every
+member holding the same bits, checked against the hash), else, or if that
+fails, over ``learning.pull``.
 
 With ``fragments`` P > 1 (Streaming DiLoCo) θ is split into P strided
 fragments; fragment p's exchange starts at the inner steps ≡ (p+1)·H/P (mod H),
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -75,6 +80,9 @@ class DiLoCo:
         self.samples = 0  # samples since the last exchange
         self.reports: list[SyncReport] = []
         self.resyncs = 0  # states taken from another member after the start
+        self.takes: Counter = Counter()  # states taken from another member, by path: "shards" or "pull"
+        self.taken_states: list[dict] = []  # each: path, round, peer, seconds, bytes (tensor bytes)
+        self._offered: tuple[int, int] = (0, 0)  # (version, round) of the state offered last
         self.version = 0  # bumped whenever θ is written outside the inner step (an outer step, a resync)
         self._taken = 0  # states taken from others: an exchange begun before one is not applied after it
         self._resyncing = False
@@ -83,6 +91,7 @@ class DiLoCo:
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
         self._started = False
         self._offer_state()  # a member that joins before our first step can take it already
+        self.group.state_source = self._shared_state  # what learning.state publishes over shard sync
 
     # --- the training loop's one call --------------------------------------------------------
 
@@ -131,28 +140,83 @@ class DiLoCo:
         named = [(f"theta/{n}", encode(t, "none")) for n, t in sorted(self.theta.items())]
         named += [(f"momentum/{n}", encode(t, "none")) for n, t in sorted(self.outer.momentum.items())]
         self.group.offer("state", self.group.round, named)
+        self._offered = (self.version, self.group.round)
+
+    def _shared_state(self) -> tuple:
+        """The state a joining member takes over shard sync, as ``learning.state`` publishes it:
+        (version, round, tensors by name, a function giving its hash).  The tensors are θ's and
+        the momentum's own (no copy): the group steps copies while a publish reads them."""
+        group = self.group
+        theta, momentum = self.theta, self.outer.momentum
+        tensors = {**{f"theta/{n}": t for n, t in theta.items()}, **{f"momentum/{n}": t for n, t in momentum.items()}}
+        if self._offered[0] == self.version:
+            round_ = self._offered[1]
+            known = group.hash if group.hash_round == round_ - 1 else None
+            if known is not None:
+                return self.version, round_, tensors, lambda: known
+        else:  # between a fragment's outer step and the round's end (Streaming DiLoCo)
+            round_ = group.round
+        return self.version, round_, tensors, lambda: state_hash(theta, momentum)
 
     async def _resync(self, peer: bytes) -> None:
         """Take θ, the outer momentum and the round from ``peer`` (unless a resync is under way),
-        and contribute from that round on."""
-        group = self.group
+        and contribute from that round on: over shard sync if this node runs the shards
+        service and the state is ``shard_sync_min_bytes`` or more (and that works), else
+        over ``learning.pull``: a publish's fixed cost (files, fsyncs, a manifest) is more
+        than a small state's whole pull, and a member that takes longer to join falls
+        behind a group whose rounds are short."""
         if self._resyncing:
             return
         self._resyncing = True
+        started = time.perf_counter()
+        size = 2 * sum(t.numel() * 4 for t in self.theta.values())  # θ and momentum, fp32
+        shards = self.group.states is not None and size >= self._service.config.shard_sync_min_bytes
+        try:
+            path, taken = "shards", await self._take_shards(peer) if shards else None
+            if taken is None:
+                path, taken = "pull", await self._take_pull(peer)
+        finally:
+            self._resyncing = False
+        if taken is not None:
+            self._apply(peer, *taken, path=path, seconds=time.perf_counter() - started)
+
+    async def _take_shards(self, peer: bytes) -> tuple[int, dict] | None:
+        """``peer``'s round and state over shard sync, checked against the hash it says; None if that fails."""
+        group = self.group
+        try:
+            round_, digest, tensors = await group.take_state(PeerId(peer), timeout=group.clock.timeout())
+            theta = {n[len("theta/"):]: t for n, t in tensors.items() if n.startswith("theta/")}
+            momentum = {n[len("momentum/"):]: t for n, t in tensors.items() if n.startswith("momentum/")}
+            if await trio.to_thread.run_sync(state_hash, theta, momentum) != digest:
+                raise ValueError("the tensors do not match the hash it says")
+        except Exception as exc:  # noqa: BLE001  (whatever failed, learning.pull is the way left)
+            log.warning("group %s: could not take the state of %s over shard sync (%s: %s); pulling it",
+                        group.name, PeerId(peer).short(), type(exc).__name__, exc)
+            return None
+        return round_, tensors
+
+    async def _take_pull(self, peer: bytes) -> tuple[int, dict] | None:
+        """``peer``'s round and state over ``learning.pull``; None if that fails."""
+        group = self.group
         try:
             contribution, named = await group.pull(PeerId(peer), "state", timeout=group.clock.timeout())
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.warning("group %s: could not take the state of %s: %s", group.name, PeerId(peer).short(), exc)
-            return
-        finally:
-            self._resyncing = False
-        self.resyncs += self.group.hash is not None
-        tensors = {name: decode(enc) for name, enc in named}
+            return None
+        return contribution.round, {name: decode(enc) for name, enc in named}
+
+    def _apply(self, peer: bytes, round_: int, tensors: dict, *, path: str, seconds: float) -> None:
+        """Make ``tensors`` (theta/NAME, momentum/NAME) of ``round_`` this member's state."""
+        group = self.group
         theta = {n[len("theta/"):]: t for n, t in tensors.items() if n.startswith("theta/")}
         if set(theta) != set(self.theta):
             log.warning("group %s: %s trains another model (parameter names differ)", group.name,
                         PeerId(peer).short())
             return
+        self.resyncs += self.group.hash is not None
+        self.takes[path] += 1
+        self.taken_states.append({"path": path, "round": round_, "peer": peer, "seconds": seconds,
+                                  "bytes": sum(t.numel() * t.element_size() for t in tensors.values())})
         self.theta = {n: t.float() for n, t in theta.items()}
         self.outer.momentum = {n[len("momentum/"):]: t.float() for n, t in tensors.items()
                                if n.startswith("momentum/")}
@@ -161,12 +225,13 @@ class DiLoCo:
                 param.copy_(self.theta[name])
         self.version += 1
         self._taken += 1
-        group.round = group.joined = contribution.round  # off that round's roster, it follows the round
+        group.round = group.joined = round_  # off that round's roster, it follows the round
         group.wake.set()  # say so now, not at the next heartbeat
-        self.steps = contribution.round * self.H
-        self._publish_hash(contribution.round - 1)
+        self.steps = round_ * self.H
+        self._publish_hash(round_ - 1)
         self._offer_state()
-        log.info("group %s: took round %d's state from %s", group.name, contribution.round, PeerId(peer).short())
+        log.info("group %s: took round %d's state from %s (%s, %.3f s)", group.name, round_, PeerId(peer).short(),
+                 path, seconds)
 
     # --- one exchange -------------------------------------------------------------------------------
 

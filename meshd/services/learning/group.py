@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field as dc_field
@@ -34,7 +35,7 @@ from ...identity import PeerId
 from ...lane import LaneError
 from ...rpc import InvalidArgument, NotFound, PermissionDenied, RpcError, Unavailable
 from ...rpc.args import field
-from ...service import Host
+from ...service import Host, StateStore
 from .bulk import NO_LANE, Bulk, Loan
 from .config import LearningSection
 
@@ -46,6 +47,7 @@ log = logging.getLogger("meshd.learning")
 KEEP_ROUNDS = 4  # all-reduces and rosters kept (the latest), and how far from its own round a member answers
 _HELLO_MEMBERS = 32  # other members one hello names
 SUSPECT_AFTER = 3  # rounds clipped before a member is reported
+STATE_PROVIDERS = 3  # members a joining member asks for the state it takes over shard sync (the best one included)
 
 
 @dataclass
@@ -55,6 +57,16 @@ class Offer:
     contribution: Contribution
     signature: bytes
     named: list  # [(name, Encoded)]
+
+
+@dataclass
+class Shared:
+    """This member's state as it published it as a shards model (for members that join)."""
+
+    version: object  # what the state source said of the state (reused while it says the same)
+    round: int
+    hash: bytes
+    model: bytes  # the shards model id
 
 
 @dataclass
@@ -80,9 +92,15 @@ class Group:
     """This member's side of group ``name``."""
 
     def __init__(self, host: Host, config: LearningSection, name: str, *, algorithm: str, rule: str,
-                 bulk: Bulk):
+                 bulk: Bulk, states: StateStore | None = None):
         self._host = host
         self._bulk = bulk
+        self.states = states  # the shards service (None when it is off): whole states move as shards models
+        # -> (version, round, tensors, hash function) of the state offered now (set by DiLoCo)
+        self.state_source: Callable[[], tuple] | None = None
+        self.shared: Shared | None = None  # the state last published as a shards model
+        self.published = 0  # states published as shards models (for members that joined)
+        self._sharing = trio.Lock()
         self._config = config
         self.name, self.algorithm, self.rule = name, algorithm, rule
         self.me = self._host.peer_id.key
@@ -259,6 +277,74 @@ class Group:
         async with self._host.rpc.stream(peer, "learning.pull",
                                          {"group": self.name, "kind": kind, "lane": lane}) as items:
             return await self._receive(peer, items, kind=kind)
+
+    # --- whole states over shard sync -------------------------------------------------------
+
+    def _state_model_name(self) -> str:
+        name = f"learning/{self.name}/state"
+        return name if len(name.encode()) <= 200 else f"learning/{hashlib.sha256(self.name.encode()).hexdigest()}/state"
+
+    async def serve_state(self, peer: PeerId) -> dict:
+        """``learning.state``: this member's whole state (θ and the outer momentum) as a
+        shards model, published now, or the one published before if the state has not
+        changed since (the members that join in one round share one publish); its model
+        id, round and hash.  Publishing unpins the state published before."""
+        if self.states is None:
+            raise Unavailable("the shards service is off on this member")
+        if self.state_source is None:
+            raise Unavailable(f"no state offered in group {self.name!r} yet")
+        self.seen(peer.key)
+        async with self._sharing:
+            version, round_, tensors, hash_of = self.state_source()
+            shared = self.shared
+            if shared is None or shared.version != version:
+                self.serving["state"] += 1  # the outer step steps copies while these are read
+                try:
+                    digest = await trio.to_thread.run_sync(hash_of)
+                    model = await self.states.publish_tensors(self._state_model_name(), tensors, version=round_)
+                finally:
+                    self.serving["state"] -= 1
+                shared = self.shared = Shared(version, round_, digest, model)
+                self.published += 1
+        return {"model": shared.model, "round": shared.round, "hash": shared.hash}
+
+    async def take_state(self, best: PeerId, *, timeout: float) -> tuple[int, bytes, dict]:
+        """``best``'s state over shard sync: (round, hash, tensors by name).
+
+        ``best`` and up to :data:`STATE_PROVIDERS` − 1 other live members whose last
+        hash is ``best``'s are asked to publish their state (``learning.state``); the
+        tensors come from ``best`` and every other that says the same round and hash
+        at once (the same bits make the same chunks), into memory.  The hash is the one
+        ``best`` says: the caller checks the tensors against it.  Raises RpcError,
+        trio.TooSlowError past ``timeout`` or whatever the shards fetch raises."""
+        members = self.view.members
+        theirs = members.get(best.key)
+        others: list[bytes] = []
+        if theirs is not None and theirs.hash is not None:
+            live = self.view.live(trio.current_time())
+            others = sorted(k for k in live if k not in (self.me, best.key) and members[k].hash == theirs.hash
+                            and members[k].hash_round == theirs.hash_round)[:STATE_PROVIDERS - 1]
+        arg = {"group": self.name}
+        replies: dict[bytes, dict] = {}
+
+        async def ask(peer: bytes) -> None:
+            try:
+                replies[peer] = _check_state(await self._host.rpc.call(PeerId(peer), "learning.state", arg,
+                                                                       timeout=timeout))
+            except (RpcError, OSError) as exc:
+                log.info("group %s: %s publishes no state: %s", self.name, PeerId(peer).short(), exc)
+
+        with trio.fail_after(timeout):
+            async with trio.open_nursery() as nursery:
+                for peer in others:
+                    nursery.start_soon(ask, peer)
+                started = trio.current_time()
+                first = _check_state(await self._host.rpc.call(best, "learning.state", arg, timeout=timeout))
+                took = trio.current_time() - started  # the others, asked at the same moment, get as long again
+                nursery.cancel_scope.deadline = trio.current_time() + max(took, self.view.heartbeat_interval)
+            same = [k for k, r in sorted(replies.items()) if (r["round"], r["hash"]) == (first["round"], first["hash"])]
+            tensors = await self.states.fetch_tensors(first["model"], [best, *map(PeerId, same)])
+        return first["round"], first["hash"], tensors
 
     # --- the round's roster ----------------------------------------------------------------
 
@@ -712,6 +798,14 @@ def _fresh(name: str, codec: str, nbytes: int) -> memoryview | None:
     from learn.tensors import tensor_view  # noqa: PLC0415
 
     return tensor_view(torch.empty(nbytes, dtype=torch.uint8), writable=True) if nbytes > CHUNK else None
+
+
+def _check_state(reply: object) -> dict:
+    """A ``learning.state`` reply: {model: 32-byte id, round: int, hash: 32 bytes}; InvalidArgument if not."""
+    model, round_, digest = (field(reply, "model", bytes), field(reply, "round", int), field(reply, "hash", bytes))
+    if len(model) != 32 or len(digest) != 32 or type(round_) is not int or round_ < 0:
+        raise InvalidArgument("a state is {model: 32-byte id, round: int >= 0, hash: 32 bytes}")
+    return {"model": model, "round": round_, "hash": digest}
 
 
 async def _lane_or_quic(send: Callable[[bool], object], lane: bool):

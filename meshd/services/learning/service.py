@@ -21,6 +21,13 @@ Tensors move over three peer methods, each a set of named tensors in
 * ``learning.reduced`` (server stream): the reducer's result for its slice,
   sent once it is ready.
 
+With the ``shards`` service on (the root hands it in as a
+:class:`~meshd.service.StateStore`), a joining or diverged member takes the
+whole state over shard sync instead: ``learning.state`` asks a member to
+publish its state as a shards model (once per state, shared by the members
+that join in one round) and answers its id, round and hash; the member
+fetches it from every member that published the same bits at once.
+
 With the ``crdt`` service on, every member also keeps an entry (join time,
 role, throughput, round) in the group's replicated membership document
 (:mod:`.membership`); its hellos name the document's owner (``doc``).
@@ -41,7 +48,7 @@ from dht.network import DhtError
 from ...identity import PeerId
 from ...rpc import InvalidArgument, NotFound
 from ...rpc.args import field
-from ...service import Documents, Host, Method, Providers, check_name
+from ...service import Documents, Host, Method, Providers, StateStore, check_name
 from .bulk import METHOD as LANE_METHOD
 from .bulk import Bulk
 from .config import LearningSection
@@ -65,11 +72,12 @@ class Learning:
     name = "learning"
 
     def __init__(self, host: Host, config: LearningSection, *, providers: Providers,
-                 documents: Documents | None = None):
+                 documents: Documents | None = None, states: StateStore | None = None):
         self.host = host
         self.config = config
         self._providers = providers
         self._docs = documents  # None without the crdt service: groups then keep no membership document
+        self._states = states  # None without the shards service: whole states then move over learning.pull
         self.groups: dict[str, Group] = {}
         self.memberships: dict[str, Membership] = {}  # group name -> this member's entry in its document
         self.bulk = Bulk(host, enabled=config.lane)
@@ -79,7 +87,7 @@ class Learning:
 
     def rpc_methods(self) -> dict:
         methods = {"learning.hello": self._serve_hello, "learning.roster": self._serve_roster,
-                   "learning.pull": self._serve_pull,
+                   "learning.pull": self._serve_pull, "learning.state": self._serve_state,
                    "learning.part": Method(self._serve_part, "client_stream"),
                    "learning.reduced": self._serve_reduced}
         if self.bulk.server is not None:
@@ -121,7 +129,7 @@ class Learning:
             if self._nursery is None:
                 raise RuntimeError("the learning service is not running")
             group = self.groups[name] = Group(self.host, self.config, name, algorithm=algorithm, rule=rule,
-                                              bulk=self.bulk)
+                                              bulk=self.bulk, states=self._states)
             membership = self.memberships[name] = Membership(self.host, group, self._docs,
                                                              heartbeat=self.config.heartbeat_interval)
             self._nursery.start_soon(self._keep, group)
@@ -212,6 +220,9 @@ class Learning:
             raise InvalidArgument("kind must be params or state")
         async for item in group.serve_pull(ctx.peer, kind, lane=arg.get("lane") is True):
             yield item
+
+    async def _serve_state(self, arg, ctx) -> dict:
+        return await self._group_of(arg).serve_state(ctx.peer)
 
     async def _serve_part(self, items, ctx) -> dict:
         first = await anext(items, None)

@@ -35,7 +35,7 @@ import time
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Mapping
+from typing import AsyncIterator, Callable, Mapping, Sequence
 
 import trio
 
@@ -421,6 +421,47 @@ class Shards:
                 return manifest
             log.warning("%s sent a manifest that is not %s", peer.short(), model_id.hex()[:16])
         raise FetchError(f"no provider of {model_id.hex()} gave its manifest ({len(providers)} asked)")
+
+    # --- tensor sets for other services (meshd.service.StateStore) -----------------------
+
+    async def publish_tensors(self, name: str, tensors: Mapping, *, version: int = 0) -> bytes:
+        """Store, sign and keep ``tensors`` as ``name@version``; returns its model id.
+
+        For a tensor set that lives briefly (a training member's state for a member
+        that joins): no registry entry, no name record and no DHT announcement (the
+        caller hands its fetchers the id and the providers).  The models this node
+        published under ``name`` before are unpinned, and the store's unpinned chunks
+        removed at once (a chunk the new set shares with them stays: it is pinned)."""
+        pin = os.urandom(32)
+        try:
+            layout = await trio.to_thread.run_sync(self._store, tensors, pin, f"{_PUBLISHING}{name}@{version}")
+            manifest = sign_manifest(layout, name, version, sign=self._node.identity.sign,
+                                     public_key=self._node.peer_id.key)
+            await trio.to_thread.run_sync(self._keep, manifest)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.store.unpin, pin)
+        with trio.CancelScope(shield=True):  # the new one is kept: the old ones go, even if we are cancelled
+            me = self._node.peer_id.key
+            old = [m.id for m in await trio.to_thread.run_sync(self.manifests)
+                   if m.name == name and m.publisher == me and m.id != manifest.id]
+            for model_id in old:
+                await self.unpin(model_id)
+            if old:
+                await trio.to_thread.run_sync(self.store.gc)
+        return manifest.id
+
+    async def fetch_tensors(self, model_id: bytes, providers: Sequence[PeerId]) -> dict:
+        """The tensors of model ``model_id`` from ``providers`` (the manifest from the first
+        that has it, the chunks from all of them at once, every chunk verified), in memory:
+        nothing is stored (as ``fetch(store=False)``), and the DHT is not asked."""
+        providers = [p for p in dict.fromkeys(providers) if p != self._node.peer_id]
+        manifest = await self._fetch_manifest(model_id, providers)
+        buffers = await trio.to_thread.run_sync(TensorBuffers, manifest)
+        progress = self.fetches[model_id] = Progress(model_id.hex(), manifest.total_size)
+        await _Download(self, manifest, deque(dict.fromkeys(c.id for c in manifest.chunks)), providers, progress,
+                        None, store=False, buffers=buffers, file=None).run()
+        return buffers.tensors
 
     # --- serving -------------------------------------------------------------------------
 
