@@ -221,15 +221,7 @@ class Shards:
         if version is None:
             known = [*await self.versions(name), *(named.versions if named else ())]
             version = 1 + max(known, default=0)
-        pin = os.urandom(32)  # holds the chunks while there is no manifest to pin them under
-        try:
-            layout = await trio.to_thread.run_sync(self._store, source, pin, f"{_PUBLISHING}{name}@{version}")
-            manifest = sign_manifest(layout, name, version, sign=self._node.identity.sign,
-                                     public_key=self._node.peer_id.key)
-            await trio.to_thread.run_sync(self._keep, manifest)
-        finally:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self.store.unpin, pin)
+        manifest = await self._store_signed(source, name, version)
         await self._announce(manifest)
         await self._register(manifest)
         try:
@@ -424,6 +416,20 @@ class Shards:
 
     # --- tensor sets for other services (meshd.service.StateStore) -----------------------
 
+    async def _store_signed(self, source, name: str, version: int) -> Manifest:
+        """Chunk and store ``source`` (a state_dict or a file), sign its manifest as
+        ``name@version`` and keep it (pinned); nothing is announced."""
+        pin = os.urandom(32)  # holds the chunks while there is no manifest to pin them under
+        try:
+            layout = await trio.to_thread.run_sync(self._store, source, pin, f"{_PUBLISHING}{name}@{version}")
+            manifest = sign_manifest(layout, name, version, sign=self._node.identity.sign,
+                                     public_key=self._node.peer_id.key)
+            await trio.to_thread.run_sync(self._keep, manifest)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.store.unpin, pin)
+        return manifest
+
     async def publish_tensors(self, name: str, tensors: Mapping, *, version: int = 0) -> bytes:
         """Store, sign and keep ``tensors`` as ``name@version``; returns its model id.
 
@@ -432,15 +438,7 @@ class Shards:
         caller hands its fetchers the id and the providers).  The models this node
         published under ``name`` before are unpinned, and the store's unpinned chunks
         removed at once (a chunk the new set shares with them stays: it is pinned)."""
-        pin = os.urandom(32)
-        try:
-            layout = await trio.to_thread.run_sync(self._store, tensors, pin, f"{_PUBLISHING}{name}@{version}")
-            manifest = sign_manifest(layout, name, version, sign=self._node.identity.sign,
-                                     public_key=self._node.peer_id.key)
-            await trio.to_thread.run_sync(self._keep, manifest)
-        finally:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self.store.unpin, pin)
+        manifest = await self._store_signed(tensors, name, version)
         with trio.CancelScope(shield=True):  # the new one is kept: the old ones go, even if we are cancelled
             me = self._node.peer_id.key
             old = [m.id for m in await trio.to_thread.run_sync(self.manifests)
