@@ -56,6 +56,14 @@ class TinyLM(torch.nn.Module):
         return self.head(torch.tanh(self.emb(ids).cumsum(dim=1)))
 
 
+async def _serve_two_lms(nodes) -> dict:
+    """Experts "code" and "legal" (TinyLMs) served on the first two nodes; {id: module}."""
+    lms = {"code": TinyLM(1), "legal": TinyLM(2)}
+    for node, (name, lm) in zip(nodes, lms.items()):
+        await mx.serve(node, lm, expert_id=name, kind="lm", domain=name)
+    return lms
+
+
 async def test_a_remote_expert_answers_as_the_module_does_and_batches_concurrent_calls(tmp_path):
     async with AsyncExitStack() as stack:
         a, b = await open_nodes(stack, tmp_path, 2)
@@ -155,9 +163,7 @@ async def test_a_slow_server_is_hedged_and_a_gone_one_failed_over(tmp_path):
 async def test_hdee_over_the_mesh_is_the_mixture_in_one_process_and_drops_a_dead_expert(tmp_path):
     async with AsyncExitStack() as stack:
         nodes = await open_nodes(stack, tmp_path, 3)
-        lms = {"code": TinyLM(1), "legal": TinyLM(2)}
-        for node, (name, lm) in zip(nodes, lms.items()):
-            await mx.serve(node, lm, expert_id=name, kind="lm", domain=name)
+        lms = await _serve_two_lms(nodes)
         ids = torch.tensor([1, 5, 2, 7, 7, 3, 9, 0, 4])
         with torch.no_grad():
             logp = torch.stack([torch.log_softmax(lm(ids[None]), -1)[0, :-1].gather(-1, ids[1:, None])[:, 0]
@@ -437,9 +443,7 @@ async def test_ls_says_each_servers_health_and_the_latency_this_node_measured(tm
 async def test_next_token_logprobs_says_who_answered_and_still_unpacks_as_a_pair(tmp_path):
     async with AsyncExitStack() as stack:
         nodes = await open_nodes(stack, tmp_path, 3)
-        lms = {"code": TinyLM(1), "legal": TinyLM(2)}
-        for node, (name, lm) in zip(nodes, lms.items()):
-            await mx.serve(node, lm, expert_id=name, kind="lm", domain=name)
+        lms = await _serve_two_lms(nodes)
         ens = mx.HDEEEnsemble(nodes[2], list(lms), prior="uniform")
         ids = torch.tensor([1, 5, 2, 7, 7, 3])
         logp = await ens.next_token_logprobs(ids)  # as the issue's snippet writes it

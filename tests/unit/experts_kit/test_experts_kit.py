@@ -144,15 +144,19 @@ def test_mmd_of_a_set_with_itself_is_about_zero_and_of_far_apart_clouds_is_large
     assert abs(same) < 0.01 * far  # −2(mean k − k(a, a))/(N − 1): zero up to O(1/N)
 
 
+_SIGMAS = (0.5, 2.0)
+
+
+def _kernel(a, b):
+    """The sum of RBF kernels of widths _SIGMAS, in float64: the reference the MMD tests compare with."""
+    d2 = torch.cdist(a.double(), b.double()).square()
+    return sum(torch.exp(-d2 / (2 * s * s)) for s in _SIGMAS)
+
+
 def test_mmd_in_chunks_equals_the_unbiased_formula():
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(50, 3, generator=gen), torch.randn(40, 3, generator=gen) + 0.5
-    sigmas = (0.5, 2.0)
-
-    def k(a, b):
-        d2 = torch.cdist(a.double(), b.double()).square()
-        return sum(torch.exp(-d2 / (2 * s * s)) for s in sigmas)
-
+    sigmas, k = _SIGMAS, _kernel
     kxx, kyy = k(x, x), k(y, y)
     want = ((kxx.sum() - kxx.trace()) / (50 * 49) + (kyy.sum() - kyy.trace()) / (40 * 39)
             - 2 * k(x, y).mean())
@@ -181,12 +185,7 @@ def test_trainers_are_deterministic_given_their_seeds():
 def test_the_biased_mmd_keeps_the_diagonals_is_never_negative_and_has_a_positive_floor():
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(50, 3, generator=gen), torch.randn(40, 3, generator=gen) + 0.5
-    sigmas = (0.5, 2.0)
-
-    def k(a, b):
-        d2 = torch.cdist(a.double(), b.double()).square()
-        return sum(torch.exp(-d2 / (2 * s * s)) for s in sigmas)
-
+    sigmas, k = _SIGMAS, _kernel
     want = k(x, x).mean() + k(y, y).mean() - 2 * k(x, y).mean()
     assert ek.mmd(x, y, bandwidths=sigmas, scale=1.0, chunk=7, biased=True) == pytest.approx(float(want), abs=1e-9)
     assert ek.mmd(x, x, biased=True) == 0.0
