@@ -1,0 +1,99 @@
+"""DiLoCo across in-process meshd nodes: the member that fixes the rosters (the lowest key)
+dies without a goodbye, and the survivors go on as one group.
+
+The chaos soak (docs/soak.md) SIGKILLed that member with H=10: the survivors split (one
+trained alone, the other took its state every round).  Here the dying node's connections
+are not closed (no "node shutting down" to its peers): its socket just goes away, as a
+SIGKILLed process's does.  Real QUIC on loopback, tiny models, bounded waits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import trio
+
+import meshd
+from learning_members import Progress, Trainer, diloco, fast_config, tiny_model
+
+
+@dataclass
+class Member:
+    node: object
+    trainer: Trainer
+    scope: trio.CancelScope
+    stopped: trio.Event
+    rounds: dict = field(default_factory=dict)  # round -> (hash, contributors, time recorded)
+
+
+async def _member(data_dir, bootstrap, config, progress: Progress, seed: int, inner_steps: int, count: int, *,
+                  task_status=trio.TASK_STATUS_IGNORED) -> None:
+    stopped = trio.Event()
+    try:
+        with trio.CancelScope() as scope:
+            async with meshd.open_node(data_dir, listen="127.0.0.1:0", config=config,
+                                       bootstrap=[str(bootstrap)] if bootstrap else []) as node:
+                if bootstrap:
+                    await node.connect(bootstrap)
+                model = tiny_model(seed)
+                rounds: dict = {}
+
+                def on_round(round_: int, digest: bytes, contributors: int) -> None:
+                    rounds[round_] = (digest, contributors, trio.current_time())
+
+                trainer = Trainer(diloco(node, model, inner_steps=inner_steps), model, progress, seed=seed,
+                                  on_round=on_round)
+                member = Member(node, trainer, scope, stopped, rounds)
+                task_status.started(member)
+                await trainer.until_live(count)
+                await trainer.run()
+    finally:
+        stopped.set()
+
+
+@pytest.mark.parametrize("inner_steps,count", [(5, 3), (10, 3)])
+async def test_survivors_of_the_roster_fixers_death_train_together(tmp_path, inner_steps, count):
+    """Kill (no goodbye) the lowest-key member after round 2: from the first round after its
+    death that every survivor contributed to, every survivor contributes to every round
+    and they all publish the same hash; and no round after the death takes longer than
+    3 x the round clock's floor."""
+    config = fast_config()
+    floor = config.learning.round_timeout_min
+    progress = Progress()
+    async with trio.open_nursery() as nursery:
+        first = await nursery.start(_member, tmp_path / "n0", None, config, progress, 0, inner_steps, count)
+        members = [first] + [await nursery.start(_member, tmp_path / f"n{i}", first.node.address, config,
+                                                 progress, i, inner_steps, count) for i in range(1, count)]
+        members.sort(key=lambda m: m.node.peer_id.key)
+        gone, survivors = members[0], members[1:]
+        await progress.until(lambda: all(m.trainer.last_round() >= 2 for m in members), timeout=60)
+
+        gone.node.close_connections = lambda: None  # die without telling anyone: nothing more leaves
+        gone.node.endpoint.send_datagram = lambda data, addr: True  # its socket (no CONNECTION_CLOSE)
+        gone.scope.cancel()
+        with trio.fail_after(10):
+            await gone.stopped.wait()
+        killed_at = trio.current_time()
+        stopped_at = max(m.trainer.last_round() for m in survivors)
+        target = stopped_at + 8
+        await progress.until(lambda: all(m.trainer.last_round() >= target for m in survivors), timeout=120)
+        nursery.cancel_scope.cancel()
+
+    want = count - 1
+    table = {r: [m.rounds.get(r, (None, None, None))[:2] for m in survivors]
+             for r in range(0, target + 1)}
+    report = "\n".join(f"round {r}: " + ", ".join(f"{d.hex()[:8] if d else None}/{c}" for d, c in row)
+                       for r, row in table.items())
+    report += f"\nkilled after round {stopped_at}; resyncs {[m.trainer.opt.resyncs for m in survivors]}"
+    report += f" taken {[[(t['round'], t['peer'].hex()[:6]) for t in m.trainer.opt.taken_states] for m in survivors]}"
+    complete = [r for r, row in table.items() if r > stopped_at and all(c == want for _, c in row)]
+    assert complete, f"no round after the death had every survivor contributing\n{report}"
+    for r in range(complete[0], target + 1):
+        hashes = {m.rounds[r][0] for m in survivors if r in m.rounds}
+        contributors = [m.rounds[r][1] for m in survivors if r in m.rounds]
+        assert len(hashes) == 1 and contributors == [want] * len(survivors), f"round {r}\n{report}"
+    for m in survivors:
+        times = [killed_at] + [m.rounds[r][2] for r in sorted(m.rounds) if r > stopped_at]
+        worst = max(b - a for a, b in zip(times, times[1:]))
+        assert worst <= 3 * floor, f"a round took {worst:.1f} s after the death\n{report}"
