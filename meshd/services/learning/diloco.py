@@ -54,6 +54,21 @@ class SyncReport:
     seconds: float
 
 
+def _joined(theta: dict, momentum: dict) -> dict:
+    """θ and the outer momentum as one set of named tensors (``theta/NAME``, ``momentum/NAME``): a whole state."""
+    return {**{f"theta/{n}": t for n, t in theta.items()}, **{f"momentum/{n}": t for n, t in momentum.items()}}
+
+
+def _split(tensors: dict) -> tuple[dict, dict]:
+    """(θ, momentum) of a whole state named as :func:`_joined` names it."""
+    parts: tuple[dict, dict] = ({}, {})
+    for name, tensor in tensors.items():
+        kind, _, param = name.partition("/")
+        if kind in ("theta", "momentum"):
+            parts[kind == "momentum"][param] = tensor
+    return parts
+
+
 class DiLoCo:
     """DiLoCo for ``model`` in group ``group``: ``await step(samples)`` after each backward."""
 
@@ -137,8 +152,7 @@ class DiLoCo:
             group.wake.set()
 
     def _offer_state(self) -> None:
-        named = [(f"theta/{n}", encode(t, "none")) for n, t in sorted(self.theta.items())]
-        named += [(f"momentum/{n}", encode(t, "none")) for n, t in sorted(self.outer.momentum.items())]
+        named = [(n, encode(t, "none")) for n, t in sorted(_joined(self.theta, self.outer.momentum).items())]
         self.group.offer("state", self.group.round, named)
         self._offered = (self.version, self.group.round)
 
@@ -148,7 +162,7 @@ class DiLoCo:
         the momentum's own (no copy): the group steps copies while a publish reads them."""
         group = self.group
         theta, momentum = self.theta, self.outer.momentum
-        tensors = {**{f"theta/{n}": t for n, t in theta.items()}, **{f"momentum/{n}": t for n, t in momentum.items()}}
+        tensors = _joined(theta, momentum)
         if self._offered[0] == self.version:
             round_ = self._offered[1]
             known = group.hash if group.hash_round == round_ - 1 else None
@@ -185,8 +199,7 @@ class DiLoCo:
         group = self.group
         try:
             round_, digest, tensors = await group.take_state(PeerId(peer), timeout=group.clock.timeout())
-            theta = {n[len("theta/"):]: t for n, t in tensors.items() if n.startswith("theta/")}
-            momentum = {n[len("momentum/"):]: t for n, t in tensors.items() if n.startswith("momentum/")}
+            theta, momentum = _split(tensors)
             if await trio.to_thread.run_sync(state_hash, theta, momentum) != digest:
                 raise ValueError("the tensors do not match the hash it says")
         except Exception as exc:  # noqa: BLE001  (whatever failed, learning.pull is the way left)
@@ -208,7 +221,7 @@ class DiLoCo:
     def _apply(self, peer: bytes, round_: int, tensors: dict, *, path: str, seconds: float) -> None:
         """Make ``tensors`` (theta/NAME, momentum/NAME) of ``round_`` this member's state."""
         group = self.group
-        theta = {n[len("theta/"):]: t for n, t in tensors.items() if n.startswith("theta/")}
+        theta, momentum = _split(tensors)
         if set(theta) != set(self.theta):
             log.warning("group %s: %s trains another model (parameter names differ)", group.name,
                         PeerId(peer).short())
@@ -218,8 +231,7 @@ class DiLoCo:
         self.taken_states.append({"path": path, "round": round_, "peer": peer, "seconds": seconds,
                                   "bytes": sum(t.numel() * t.element_size() for t in tensors.values())})
         self.theta = {n: t.float() for n, t in theta.items()}
-        self.outer.momentum = {n[len("momentum/"):]: t.float() for n, t in tensors.items()
-                               if n.startswith("momentum/")}
+        self.outer.momentum = {n: t.float() for n, t in momentum.items()}
         with torch.no_grad():
             for name, param in self._params.items():
                 param.copy_(self.theta[name])

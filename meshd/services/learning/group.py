@@ -281,8 +281,7 @@ class Group:
     # --- whole states over shard sync -------------------------------------------------------
 
     def _state_model_name(self) -> str:
-        name = f"learning/{self.name}/state"
-        return name if len(name.encode()) <= 200 else f"learning/{hashlib.sha256(self.name.encode()).hexdigest()}/state"
+        return scoped_name("learning/", self.name, "/state", 200)
 
     async def serve_state(self, peer: PeerId) -> dict:
         """``learning.state``: this member's whole state (θ and the outer momentum) as a
@@ -798,6 +797,15 @@ def _fresh(name: str, codec: str, nbytes: int) -> memoryview | None:
     from learn.tensors import tensor_view  # noqa: PLC0415
 
     return tensor_view(torch.empty(nbytes, dtype=torch.uint8), writable=True) if nbytes > CHUNK else None
+
+
+def scoped_name(prefix: str, group: str, suffix: str, limit: int) -> str:
+    """``prefix + group + suffix`` for a name another service keeps for ``group``, with a
+    digest of the group's name in its place where the whole would pass ``limit`` bytes."""
+    name = prefix + group + suffix
+    if len(name.encode()) <= limit:
+        return name
+    return prefix + hashlib.sha256(group.encode()).hexdigest()[:32] + suffix
 
 
 def _check_state(reply: object) -> dict:

@@ -36,7 +36,6 @@ still measures its own throughput and role.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -51,7 +50,7 @@ from learn.membership import (
 from ...identity import PeerId
 from ...registry import open_registry, own_entries
 from ...service import Documents, Host, Replica
-from .group import Group
+from .group import Group, scoped_name
 
 log = logging.getLogger("meshd.learning")
 
@@ -62,10 +61,7 @@ MEMBERS = "members"  # the document's map of entries, by peer id
 
 def document_name(group: str) -> str:
     """The membership document's name for ``group`` (a digest of the name where it is too long)."""
-    name = DOC_PREFIX + group
-    if len(name.encode()) <= MAX_NAME:
-        return name
-    return DOC_PREFIX + hashlib.sha256(group.encode()).hexdigest()[:32]
+    return scoped_name(DOC_PREFIX, group, "", MAX_NAME)
 
 
 class Membership:
