@@ -676,8 +676,8 @@ async def _serve_plan(plan: dict) -> None:
                 module.load_state_dict(torch.load(e["weights"], weights_only=True))
             await node.service("experts").serve(e["expert_id"], module.eval(), kind=e["kind"], domain=e["domain"],
                                                 max_batch=e["max_batch"], max_wait_ms=e["max_wait_ms"])
-            # a node that has just connected may not be in any DHT table yet: serve() tries again each
-            # heartbeat, but the parent is told "ready" only once a peer holds the record
+            # a node that has just connected may not be in any DHT table yet: the DHT provides the
+            # record again soon, but the parent is told "ready" only once a peer holds it
             pause = 0.02
             while dht is not None and not await dht.provide(PROVIDER_PREFIX + e["expert_id"].encode()):
                 await trio.sleep(pause)

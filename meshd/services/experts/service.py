@@ -129,22 +129,9 @@ class Experts:
             tx.set([expert_id, "servers", me], {"since": since, "seen": time.time(),
                                                "load": {k: load[k] for k in HEARTBEAT_LOAD}})
 
-        announced = False
-
-        async def announce() -> None:
-            """Provide the expert in the DHT; until a peer has taken the record (a node
-            that has just connected may not be in anyone's table yet) once a heartbeat."""
-            nonlocal announced
-            try:
-                announced = await self._providers.provide(PROVIDER_PREFIX + expert_id.encode()) > 0
-            except DhtError as exc:
-                log.info("expert %s: not announced yet (%s); tried again next heartbeat", expert_id, exc)
-
         async def heartbeats() -> None:
             while True:
                 await trio.sleep(self.config.heartbeat)
-                if not announced:
-                    await announce()
                 await self._write_registry(beat)
 
         async def keep() -> None:
@@ -154,7 +141,10 @@ class Experts:
                     await served.run()
 
         self._nursery.start_soon(keep)
-        await announce()
+        try:  # a record few nodes took (a node that just connected) the DHT provides again soon
+            await self._providers.provide(PROVIDER_PREFIX + expert_id.encode())
+        except DhtError as exc:
+            log.info("expert %s: not announced yet (%s); the DHT retries", expert_id, exc)
         about = {k: v for k, v in info.items() if k != "expert" and v is not None}
 
         def register(tx) -> None:
