@@ -9,7 +9,6 @@ with bounded timeouts (``learning_members.Progress``), never with sleeps.
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -17,40 +16,9 @@ import trio
 
 import meshd
 from learning_members import (
-    GROUP, Progress, Trainer, check_caught_up, diloco, fast_config, shared_full_rounds, tiny_model,
+    GROUP, Progress, Trainer, check_caught_up, diloco, fast_config, run_member, shared_full_rounds, tiny_model,
 )
 from meshnodes import open_nodes
-
-
-@dataclass
-class Running:
-    """One member node and its training loop, until ``scope`` is cancelled (``stopped``: it has closed)."""
-
-    data_dir: object
-    node: object
-    trainer: Trainer
-    scope: trio.CancelScope
-    stopped: trio.Event
-
-
-async def _member(data_dir, bootstrap, config, progress: Progress, seed: int, *,
-                  task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """A node in ``data_dir`` (its identity is kept there) with a DiLoCo member that waits for
-    3 live members, as a training script does, then trains until the scope it hands out is cancelled."""
-    stopped = trio.Event()
-    try:
-        with trio.CancelScope() as scope:
-            async with meshd.open_node(data_dir, listen="127.0.0.1:0", config=config,
-                                       bootstrap=[str(bootstrap)] if bootstrap else []) as node:
-                if bootstrap:
-                    await node.connect(bootstrap)
-                model = tiny_model(seed)
-                trainer = Trainer(diloco(node, model), model, progress, seed=seed)
-                task_status.started(Running(data_dir, node, trainer, scope, stopped))
-                await trainer.until_live(3)
-                await trainer.run()
-    finally:
-        stopped.set()
 
 
 # Not "lowest" (the roster's fixer) until it is fixed: restarted in process, it did not catch up
@@ -65,8 +33,8 @@ async def test_a_restarted_member_takes_the_current_state_and_contributes_again(
     config = fast_config()
     progress = Progress()
     async with trio.open_nursery() as nursery:
-        first = await nursery.start(_member, tmp_path / "n0", None, config, progress, 0)
-        members = [first] + [await nursery.start(_member, tmp_path / f"n{i}", first.node.address, config,
+        first = await nursery.start(run_member, tmp_path / "n0", None, config, progress, 0)
+        members = [first] + [await nursery.start(run_member, tmp_path / f"n{i}", first.node.address, config,
                                                  progress, i) for i in (1, 2)]
         members.sort(key=lambda m: m.node.peer_id.key)
         gone = members[0] if victim == "lowest" else members[-1]
@@ -84,7 +52,7 @@ async def test_a_restarted_member_takes_the_current_state_and_contributes_again(
         behind = min(t.group.round for t in survivors)
 
         bootstrap = next(m for m in members if m is not gone).node.address
-        back = await nursery.start(_member, gone.data_dir, bootstrap, config, progress, 99)  # another init
+        back = await nursery.start(run_member, gone.data_dir, bootstrap, config, progress, 99)  # another init
         assert back.node.peer_id.key == key  # the same identity, from its data dir
         restarted = back.trainer
 

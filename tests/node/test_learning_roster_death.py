@@ -9,47 +9,12 @@ SIGKILLed process's does.  Real QUIC on loopback, tiny models, bounded waits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
 
 import pytest
 import trio
 
-import meshd
-from learning_members import Progress, Trainer, diloco, fast_config, tiny_model
-
-
-@dataclass
-class Member:
-    node: object
-    trainer: Trainer
-    scope: trio.CancelScope
-    stopped: trio.Event
-    rounds: dict = field(default_factory=dict)  # round -> (hash, contributors, time recorded)
-
-
-async def _member(data_dir, bootstrap, config, progress: Progress, seed: int, inner_steps: int, count: int, *,
-                  task_status=trio.TASK_STATUS_IGNORED) -> None:
-    stopped = trio.Event()
-    try:
-        with trio.CancelScope() as scope:
-            async with meshd.open_node(data_dir, listen="127.0.0.1:0", config=config,
-                                       bootstrap=[str(bootstrap)] if bootstrap else []) as node:
-                if bootstrap:
-                    await node.connect(bootstrap)
-                model = tiny_model(seed)
-                rounds: dict = {}
-
-                def on_round(round_: int, digest: bytes, contributors: int) -> None:
-                    rounds[round_] = (digest, contributors, trio.current_time())
-
-                trainer = Trainer(diloco(node, model, inner_steps=inner_steps), model, progress, seed=seed,
-                                  on_round=on_round)
-                member = Member(node, trainer, scope, stopped, rounds)
-                task_status.started(member)
-                await trainer.until_live(count)
-                await trainer.run()
-    finally:
-        stopped.set()
+from learning_members import Progress, fast_config, run_member
 
 
 @pytest.mark.parametrize("inner_steps,count", [(5, 3), (10, 3)])
@@ -62,9 +27,10 @@ async def test_survivors_of_the_roster_fixers_death_train_together(tmp_path, inn
     floor = config.learning.round_timeout_min
     progress = Progress()
     async with trio.open_nursery() as nursery:
-        first = await nursery.start(_member, tmp_path / "n0", None, config, progress, 0, inner_steps, count)
-        members = [first] + [await nursery.start(_member, tmp_path / f"n{i}", first.node.address, config,
-                                                 progress, i, inner_steps, count) for i in range(1, count)]
+        member = functools.partial(run_member, inner_steps=inner_steps, count=count)
+        first = await nursery.start(member, tmp_path / "n0", None, config, progress, 0)
+        members = [first] + [await nursery.start(member, tmp_path / f"n{i}", first.node.address, config,
+                                                 progress, i) for i in range(1, count)]
         members.sort(key=lambda m: m.node.peer_id.key)
         gone, survivors = members[0], members[1:]
         await progress.until(lambda: all(m.trainer.last_round() >= 2 for m in members), timeout=60)

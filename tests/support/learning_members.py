@@ -12,6 +12,7 @@ the in-process restart (tests/node) and the SIGKILLed process
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -146,3 +147,43 @@ def check_caught_up(hashes: dict[int, bytes], full: list[int], resyncs: int, sur
     for r in set.intersection(*(set(t.hashes) for t in survivors)):
         assert len({t.hashes[r] for t in survivors}) == 1, f"round {r}: the survivors' hashes differ"
     assert len(shared_full_rounds(hashes, full, survivors)) >= 2, (full, sorted(hashes), apart)
+
+
+@dataclass
+class Running:
+    """One member node and its training loop, until ``scope`` is cancelled (``stopped``: it has
+    closed); ``rounds``: round -> (hash, contributors, trio time it was recorded)."""
+
+    data_dir: object
+    node: object
+    trainer: "Trainer"
+    scope: trio.CancelScope
+    stopped: trio.Event
+    rounds: dict = field(default_factory=dict)
+
+
+async def run_member(data_dir, bootstrap, config, progress: Progress, seed: int, *, inner_steps: int = INNER_STEPS,
+                     count: int = 3, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A node in ``data_dir`` (its identity is kept there) with a DiLoCo member that waits for
+    ``count`` live members, as a training script does, then trains until the scope it hands
+    out (in a :class:`Running`, through ``task_status``) is cancelled."""
+    stopped = trio.Event()
+    try:
+        with trio.CancelScope() as scope:
+            async with meshd.open_node(data_dir, listen="127.0.0.1:0", config=config,
+                                       bootstrap=[str(bootstrap)] if bootstrap else []) as node:
+                if bootstrap:
+                    await node.connect(bootstrap)
+                model = tiny_model(seed)
+                rounds: dict = {}
+
+                def on_round(round_: int, digest: bytes, contributors: int) -> None:
+                    rounds[round_] = (digest, contributors, trio.current_time())
+
+                trainer = Trainer(diloco(node, model, inner_steps=inner_steps), model, progress, seed=seed,
+                                  on_round=on_round)
+                task_status.started(Running(data_dir, node, trainer, scope, stopped, rounds))
+                await trainer.until_live(count)
+                await trainer.run()
+    finally:
+        stopped.set()
