@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ROLES = ("trainer", "observer")  # an observer follows the group and contributes nothing
+HASH_HISTORY = 4  # rounds of a member's state hashes kept: one that has moved on still votes on them
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Member:
     hash: bytes | None  # its state hash after round hash_round
     hash_round: int
     last_seen: float
+    hashes: dict[int, bytes] = field(default_factory=dict)  # its hash after each of its latest rounds
 
 
 class GroupView:
@@ -49,9 +51,11 @@ class GroupView:
     def heard(self, peer: bytes, info: dict, now: float) -> Member:
         """Record a message from ``peer`` at ``now``, and what ``info`` says of it
         (any of ``round``, ``joined``, ``role``, ``throughput``, ``hash``,
-        ``hash_round``; what it leaves out stays as it was, other keys are the
-        caller's).  ValueError for a malformed field or for ``me``, and then
-        nothing changes."""
+        ``hash_round``, and ``hashes``: [round, hash] pairs for its latest
+        rounds; what it leaves out stays as it was, other keys are the
+        caller's).  Its hashes of the last :data:`HASH_HISTORY` rounds are
+        kept, what it says now over what it said before.  ValueError for a
+        malformed field or for ``me``, and then nothing changes."""
         if peer == self.me:
             raise ValueError("a member does not hear itself")
         if not isinstance(info, dict):
@@ -61,8 +65,12 @@ class GroupView:
             old = Member(peer, 0, None, "trainer", 0.0, None, -1, now)
         member = Member(peer, info.get("round", old.round), info.get("joined", old.joined),
                         info.get("role", old.role), info.get("throughput", old.throughput),
-                        info.get("hash", old.hash), info.get("hash_round", old.hash_round), now)
+                        info.get("hash", old.hash), info.get("hash_round", old.hash_round), now,
+                        {**old.hashes, **_said_hashes(info.get("hashes", []))})
         _check(member)
+        if member.hash is not None and member.hash_round >= 0:
+            member.hashes[member.hash_round] = member.hash
+        member.hashes = {r: member.hashes[r] for r in sorted(member.hashes)[-HASH_HISTORY:]}
         self.members[peer] = member
         return member
 
@@ -80,6 +88,37 @@ class GroupView:
     def drop(self, peer: bytes) -> None:
         """Forget ``peer`` (it said goodbye, or is known gone) until it is heard again."""
         self.members.pop(peer, None)
+
+
+def majority(held: dict[bytes, tuple[bytes, int]]) -> tuple[bytes, bytes] | None:
+    """The majority's state hash for one round, and the member to take it from.
+
+    ``held`` maps members to (their hash for that round, the round each works
+    on now).  The hash with most votes wins; in a tie, the one held by the
+    member furthest ahead, then by the lowest key (a member behind the others
+    is likelier the one that missed their exchange).  Its source is its
+    holder furthest ahead, the lowest key among equals.  None if ``held`` is empty."""
+    holders: dict[bytes, list[tuple[int, bytes]]] = {}
+    for member, (hash_, round_) in held.items():
+        holders.setdefault(hash_, []).append((-round_, member))
+    if not holders:
+        return None
+    best = {hash_: min(them) for hash_, them in holders.items()}
+    top = min(holders, key=lambda h: (-len(holders[h]), best[h]))
+    return top, best[top][1]
+
+
+def _said_hashes(pairs: object) -> dict[int, bytes]:
+    """The ``hashes`` a hello carries, checked: at most :data:`HASH_HISTORY` [round, 32-byte hash] pairs."""
+    if not isinstance(pairs, list) or len(pairs) > HASH_HISTORY:
+        raise ValueError(f"hashes is a list of at most {HASH_HISTORY} [round, hash] pairs")
+    said = {}
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and pair[0] >= 0
+                and isinstance(pair[1], bytes) and len(pair[1]) == 32):
+            raise ValueError("each of hashes is [round, 32-byte hash]")
+        said[pair[0]] = pair[1]
+    return said
 
 
 def _check(member: Member) -> None:

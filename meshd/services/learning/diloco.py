@@ -226,6 +226,10 @@ class DiLoCo:
             log.warning("group %s: %s trains another model (parameter names differ)", group.name,
                         PeerId(peer).short())
             return
+        if round_ <= group.hash_round:  # it is behind us: taking it would redo an exchange we took part in
+            log.info("group %s: not taking round %d's state from %s: this member has finished round %d",
+                     group.name, round_, PeerId(peer).short(), group.hash_round)
+            return
         self.resyncs += self.group.hash is not None
         self.takes[path] += 1
         self.taken_states.append({"path": path, "round": round_, "peer": peer, "seconds": seconds,
@@ -336,8 +340,7 @@ class DiLoCo:
             self._service.spawn(self._check_hash)
 
     def _publish_hash(self, round_: int) -> None:
-        self.group.hash = state_hash(self.theta, self.outer.momentum)
-        self.group.hash_round = round_
+        self.group.publish_hash(round_, state_hash(self.theta, self.outer.momentum))
 
     async def _check_hash(self) -> None:
         """Resync from a member with the majority's hash if ours differs, or

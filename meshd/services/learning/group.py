@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 import trio
 
 from learn.encoded import CodecError
-from learn.group import GroupView, RoundClock
+from learn.group import HASH_HISTORY, GroupView, RoundClock, majority
 from learn.wire import (
     CHUNK, Contribution, Decoder, Into, Limits, WireError, chunk_counts, digest_of, frames, header,
 )
@@ -112,6 +112,7 @@ class Group:
         self.joined: int | None = None  # the first round it contributes to; None until it has the group's state
         self.hash: bytes | None = None  # blake3 of the shared state after round hash_round
         self.hash_round = -1
+        self.hashes: dict[int, bytes] = {}  # round -> this member's hash after it, for the latest rounds
         self.bytes_in: Counter = Counter()  # peer key -> bytes received
         self.bytes_out: Counter = Counter()
         self.samples: Counter = Counter()  # peer key -> samples contributed, last round it did
@@ -137,6 +138,7 @@ class Group:
         now = trio.current_time()
         return {**self.announce, "group": self.name, "round": self.round, "joined": self.joined,
                 "hash": self.hash, "hash_round": self.hash_round,
+                "hashes": [[r, h] for r, h in sorted(self.hashes.items())],
                 "members": [m for m in self.view.live(now) if m != self.me][:_HELLO_MEMBERS]}
 
     def heard_of(self, peer: bytes) -> None:
@@ -203,29 +205,33 @@ class Group:
         rounds[self.me] = self.round
         return min(rounds, key=lambda k: (-rounds[k], k))
 
+    def publish_hash(self, round: int, hash: bytes) -> None:
+        """Say (in the hellos from now on) that this member's state after ``round`` has ``hash``."""
+        self.hash, self.hash_round = hash, round
+        if round >= 0:  # -1: the state a run starts from, before any round
+            self.hashes[round] = hash
+            self.hashes = {r: self.hashes[r] for r in sorted(self.hashes)[-HASH_HISTORY:]}
+
     async def dissent(self, wait: float) -> bytes | None:
         """A member holding the majority's state hash if ours differs from it, else None
-        (in a tie, the hash the lowest member of the tied holds counts as the majority's).
+        (:func:`learn.group.majority`: in a tie, the hash of the member furthest ahead).
 
         Waits (up to ``wait`` seconds) until every live member has said its hash
-        for our round, then counts the hashes of that round, ours included."""
-        def hashes() -> dict[bytes, bytes | None]:
+        for our round, then counts the hashes of that round, ours included; a
+        member that has moved on still votes with the hash it had then."""
+        def hashes() -> dict[bytes, tuple[bytes, int]]:
             live = self.live()
-            found = {k: m.hash for k, m in self.view.members.items()
-                     if k in live and m.hash_round == self.hash_round}
-            found[self.me] = self.hash
+            found = {k: (m.hashes[self.hash_round], m.round) for k, m in self.view.members.items()
+                     if k in live and self.hash_round in m.hashes}
+            if self.hash is not None:
+                found[self.me] = (self.hash, self.round)
             return found
 
         with trio.move_on_after(wait):
             while len(hashes()) < len(self.live()):
                 await self._heard.wait()
-        held = hashes()
-        votes = Counter(h for h in held.values() if h is not None)
-        if not votes:
-            return None
-        lowest = {h: min(k for k, v in held.items() if v == h) for h in votes}
-        top = min(votes, key=lambda h: (-votes[h], lowest[h]))  # the majority; in a tie, the lowest member's
-        return None if self.hash == top else lowest[top]
+        top = majority(hashes())
+        return None if top is None or top[0] == self.hash else top[1]
 
     def contributors(self, round: int) -> list[bytes]:
         """The members expected to contribute to ``round`` (sorted keys): the live trainers
@@ -263,6 +269,16 @@ class Group:
                 yield item
         finally:
             self.serving[kind] -= 1
+        if kind == "state":
+            self._taking_state(peer.key, offer.contribution.round)
+
+    def _taking_state(self, peer: bytes, round: int) -> None:
+        """Note that ``peer``, heard from but not yet joined, takes our state of ``round``
+        and so contributes from that round on (what its next hello will say): a roster
+        fixed here before that hello comes has it on, rather than only from the round after."""
+        member = self.view.members.get(peer)
+        if member is not None and member.joined is None:
+            self.view.heard(peer, {"round": round, "joined": round}, trio.current_time())
 
     async def pull(self, peer: PeerId, kind: str, *, timeout: float) -> tuple[Contribution, list]:
         """``peer``'s offer of ``kind``: its signed contribution and (name, Encoded) pairs.
@@ -305,6 +321,7 @@ class Group:
                     self.serving["state"] -= 1
                 shared = self.shared = Shared(version, round_, digest, model)
                 self.published += 1
+        self._taking_state(peer.key, shared.round)
         return {"model": shared.model, "round": shared.round, "hash": shared.hash}
 
     async def take_state(self, best: PeerId, *, timeout: float) -> tuple[int, bytes, dict]:
@@ -427,14 +444,16 @@ class Group:
     async def serve_roster(self, peer: PeerId, arg: object) -> dict:
         """Answer ``learning.roster``: the roster of ``arg``'s round (fixing or
         asking for it), or with ``held`` only one this member already has;
-        NotFound for none held, or for a round too far from this member's."""
+        NotFound for none held, or for a round too far from this member's
+        (more than one round ahead of it, or past its kept rosters)."""
         round_ = field(arg, "round", int)
         self.seen(peer.key)
         if arg.get("held"):
             if round_ not in self._rosters:
                 raise NotFound(f"no roster of round {round_} here")
             return {"members": self._rosters[round_]}
-        if not self.round - KEEP_ROUNDS < round_ <= self.round + KEEP_ROUNDS:
+        if not self.round - KEEP_ROUNDS < round_ <= self.round + 1:  # no roster fixed further ahead from a view
+            # that is still to change (who has joined by then); the asker goes to the next member
             raise NotFound(f"round {round_} is too far from this member's round {self.round}")
         return {"members": await self.roster(round_)}
 

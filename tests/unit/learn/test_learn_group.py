@@ -5,7 +5,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from learn.group import GroupView, Member, RoundClock
+from learn.group import HASH_HISTORY, GroupView, Member, RoundClock, majority
 
 A, B, C, ME = b"a" * 32, b"b" * 32, b"c" * 32, b"m" * 32
 
@@ -40,9 +40,9 @@ def test_a_hello_is_recorded_and_a_later_message_keeps_what_it_does_not_say():
     member = view.heard(A, _hello(round=7, joined=3, role="observer", throughput=120.5,
                                   hash=bytes(32), hash_round=6), now=1.0)
     assert member == Member(peer=A, round=7, joined=3, role="observer", throughput=120.5, hash=bytes(32),
-                            hash_round=6, last_seen=1.0)
+                            hash_round=6, last_seen=1.0, hashes={6: bytes(32)})
     view.heard(A, {"round": 8}, now=2.0)
-    assert view.members[A] == Member(A, 8, 3, "observer", 120.5, bytes(32), 6, 2.0)
+    assert view.members[A] == Member(A, 8, 3, "observer", 120.5, bytes(32), 6, 2.0, {6: bytes(32)})
 
 
 def test_a_member_heard_of_only_through_other_messages_has_defaults_and_contributes_nothing():
@@ -84,6 +84,8 @@ def test_a_dropped_member_is_forgotten_until_heard_again():
     {"role": "boss"}, {"role": 1}, {"throughput": -1.0}, {"throughput": float("nan")},
     {"throughput": float("inf")}, {"throughput": True}, {"hash": b"short"}, {"hash": "x" * 32},
     {"hash_round": -2}, {"hash_round": 0.5},
+    {"hashes": {1: bytes(32)}}, {"hashes": [[1, b"short"]]}, {"hashes": [[-1, bytes(32)]]}, {"hashes": [[1]]},
+    {"hashes": [[1.0, bytes(32)]]}, {"hashes": [[r, bytes(32)] for r in range(HASH_HISTORY + 1)]},
 ])
 def test_a_malformed_hello_is_refused_and_changes_nothing(bad):
     view = GroupView(ME)
@@ -179,3 +181,33 @@ def test_many_members_heard_at_random_times_are_live_exactly_when_heard_lately()
         last[peer] = now
     now = 50.0
     assert view.live(now) == sorted(p for p, t in last.items() if now - t < 4.0)
+
+
+H1, H2, H3 = b"1" * 32, b"2" * 32, b"3" * 32
+
+
+def test_a_member_keeps_the_hashes_of_its_last_rounds_so_one_that_moved_on_still_votes_on_them():
+    view = GroupView(ME)
+    view.heard(A, _hello(round=5, hash=H1, hash_round=4), now=0.0)
+    view.heard(A, _hello(round=6, hash=H2, hash_round=5), now=1.0)  # its hellos, round after round
+    assert view.members[A].hashes == {4: H1, 5: H2}
+    view.heard(B, _hello(round=9, hash=H3, hash_round=8, hashes=[[6, H1], [7, H2], [8, H3]]), now=1.0)
+    assert view.members[B].hashes == {6: H1, 7: H2, 8: H3}  # what it says of its rounds before
+    view.heard(B, _hello(round=9, hash=H1, hash_round=8, hashes=[[7, H1], [8, H1]]), now=2.0)  # it resynced
+    assert view.members[B].hashes == {6: H1, 7: H1, 8: H1}
+    for r in range(9, 9 + HASH_HISTORY):
+        view.heard(B, _hello(round=r + 1, hash=H2, hash_round=r), now=3.0)
+    assert sorted(view.members[B].hashes) == list(range(9, 9 + HASH_HISTORY))  # only the latest rounds
+
+
+def test_the_majority_hash_has_most_votes_and_is_taken_from_its_holder_furthest_ahead():
+    assert majority({}) is None
+    assert majority({A: (H1, 5), B: (H2, 5), C: (H2, 4)}) == (H2, B)
+    assert majority({A: (H1, 5), B: (H2, 7), C: (H2, 7), ME: (H2, 6)}) == (H2, B)  # lowest key among equals
+
+
+def test_in_a_tie_the_hash_of_the_member_furthest_ahead_wins_not_the_lowest_key():
+    """Two members that disagree on round r: the one still working on round r+1 while the other
+    is in r+3 is the one behind (a restarted member whose exchange missed the group's), whatever its key."""
+    assert majority({A: (H1, 5), B: (H2, 7)}) == (H2, B)
+    assert majority({A: (H1, 7), B: (H2, 7)}) == (H1, A)  # equal rounds too: then the lowest key
