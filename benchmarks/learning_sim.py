@@ -129,13 +129,13 @@ def main() -> None:
     console.print(gossip_table(args.members, churns, list(LINKS)))
     # one round without deaths (links are drawn once, so the next would repeat it), two with
     sizes = [(64, 1), (128, 1)] if args.quick else [(64, 2), (128, 2), (256, 1)]
-    runs = [run for n, rounds in sizes for run in ((n, 0.0, 1, False), (n, args.deaths, rounds, False))]
+    runs = [run for n, rounds in sizes for run in ((n, 0.0, 1, True), (n, args.deaths, rounds, True))]
     if not args.quick:
-        runs.append((128, 0.0, 1, True))
+        runs.append((128, 0.0, 1, False))  # the lists as the shell sent them before
     console.print(allreduce_table(runs))
     console.print("lists: the contributors named in each part's head and the contributors used in each reduced "
-                  "part's, as lists of keys (meshd's shell today) or compact (a digest of the list, a bitmap over "
-                  "it).  Left out: (part, contributor) pairs reduced without that contributor.  Missing: parts "
+                  "part's, compact (a digest of the list, a bitmap over "
+                  "it: meshd's shell) or as lists of keys (the shell before).  Left out: (part, contributor) pairs reduced without that contributor.  Missing: parts "
                   "no survivor / some survivor holds at the deadline.  Largest agreeing: survivors holding the same "
                   "parts with the same bits.")
     console.print(f"[dim]wall {time.perf_counter() - started:.0f} s[/dim]")

@@ -275,13 +275,14 @@ class Exchange:
 
     ``deaths`` maps a member to the time it dies.  :attr:`wire` counts, beside
     each message's signed head and frames, the contributors a part names and
-    the contributors used that a reduced part names: as lists of keys (34
-    bytes a member, as meshd's shell sends them today), or with
-    ``compact_lists`` as a 32-byte digest of the list and a bitmap over it."""
+    the contributors used that a reduced part names: with ``compact_lists``
+    (the default, as meshd's shell sends them) as a 32-byte digest of the
+    list and a bitmap over it, else as lists of keys (34 bytes a member, as
+    the shell sent them before)."""
 
     def __init__(self, vectors: dict[bytes, torch.Tensor], links: Links, *, start: float = 0.0,
                  timeout: float = 1.0, bandwidth: float = 12.5e6, deaths: dict[bytes, float] | None = None,
-                 codec: str = "none", rule: str = "mean", compact_lists: bool = False):
+                 codec: str = "none", rule: str = "mean", compact_lists: bool = True):
         if not 0 < bandwidth < math.inf:
             raise ValueError("an uplink's bandwidth is positive and finite")
         self.members = sorted(vectors)
@@ -426,7 +427,7 @@ def _mean(values) -> float:
 def simulate_allreduce(members: int = 128, rounds: int = 3, deaths: float = 0.0, seed: int = 0, *,
                        dim: int = 1 << 14, latency: float = 0.05, jitter: float = 1.0, timeout: float = 1.0,
                        bandwidth: float = 12.5e6, codec: str = "none", rule: str = "mean",
-                       compact_lists: bool = False) -> AllReduceResult:
+                       compact_lists: bool = True) -> AllReduceResult:
     """Run ``rounds`` all-reduce rounds of ``dim``-value vectors among
     ``members`` members, ``deaths`` of each round's contributors dying during
     it and as many joining at the next round's start; the same arguments give

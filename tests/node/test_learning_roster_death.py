@@ -17,7 +17,7 @@ import trio
 from learning_members import Progress, fast_config, run_member
 
 
-@pytest.mark.parametrize("inner_steps,count", [(5, 3), (10, 3)])
+@pytest.mark.parametrize("inner_steps,count", [(5, 3), (10, 3), (2, 4)])
 async def test_survivors_of_the_roster_fixers_death_train_together(tmp_path, inner_steps, count):
     """Kill (no goodbye) the lowest-key member after round 2: from the first round after its
     death that every survivor contributed to, every survivor contributes to every round

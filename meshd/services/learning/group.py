@@ -28,7 +28,8 @@ import trio
 from learn.encoded import CodecError
 from learn.group import HASH_HISTORY, GroupView, RoundClock, majority
 from learn.wire import (
-    CHUNK, Contribution, Decoder, Into, Limits, WireError, chunk_counts, digest_of, frames, header,
+    CHUNK, Contribution, Decoder, Into, Limits, WireError, chunk_counts, digest_of, frames, header, roster_digest,
+    subset_bits, subset_of,
 )
 
 from ...identity import PeerId
@@ -77,7 +78,7 @@ class Exchange:
     core: AllReduce | None = None  # while this member is in the round
     over: bool = False  # this member is done with the round (only the signed reduced slice is kept)
     roster: list = dc_field(default_factory=list)  # the round's contributors
-    early: dict = dc_field(default_factory=dict)  # peer -> (index, part, samples) that came before the core
+    early: dict = dc_field(default_factory=dict)  # peer -> (roster digest, index, part, samples) before the core
     samples: dict = dc_field(default_factory=dict)  # contributor -> samples, as its part said
     encoded: object = None  # this member's reduced slice, encoded
     clipped: list = dc_field(default_factory=list)  # indices (into the used list) the rule clipped
@@ -518,9 +519,11 @@ class Group:
         core = exchange.core = AllReduce(self.me, members, sent, reduce=reduce_part, weight=max(1, samples),
                                          now=trio.current_time(), timeout=timeout)
         exchange.samples[self.me] = samples
-        for peer, (index, tensor, their_samples) in exchange.early.items():
-            with contextlib.suppress(InvalidArgument):  # sent under another roster: left out
-                self._take_part(exchange, peer, index, tensor, their_samples)
+        digest = roster_digest(members)
+        for peer, (their_roster, index, tensor, their_samples) in exchange.early.items():
+            if their_roster == digest:  # else sent under another roster: left out
+                with contextlib.suppress(InvalidArgument):
+                    self._take_part(exchange, peer, index, tensor, their_samples)
         exchange.early.clear()
         self._publish_reduced(exchange)
         async with trio.open_nursery() as nursery:
@@ -608,7 +611,7 @@ class Group:
         members = exchange.core.members
         reducer = PeerId(members[index])
         offer = self._sign(exchange.key[0], f"part:{exchange.key[1]}:{index}", [("slice", encoded)], samples)
-        head = {"group": self.name, "key": list(exchange.key), "index": index, "members": members}
+        head = {"group": self.name, "key": list(exchange.key), "index": index, "roster": roster_digest(members)}
 
         async def send(lane: bool) -> None:
             if not (lane and self._bulk.usable(reducer)):
@@ -653,7 +656,7 @@ class Group:
                                                    round=round_, with_used=True, into=into)
 
                 _, named, used = await _lane_or_quic(take, self._bulk.enabled)
-                core.received_reduced(reducer.key, index, decode(named[0][1]), used)
+                core.received_reduced(reducer.key, index, decode(named[0][1]), subset_of(core.members, used))
         except (RpcError, trio.TooSlowError, OSError, ValueError) as exc:  # ValueError: CodecError, AllReduceError
             log.info("group %s: no reduced slice %d from %s: %s", self.name, index, reducer.short(), exc)
 
@@ -668,12 +671,22 @@ class Group:
         return key
 
     async def serve_part(self, peer: PeerId, head: object, items) -> dict:
-        """Take ``peer``'s part of an all-reduce whose slice this member reduces."""
+        """Take ``peer``'s part of an all-reduce whose slice this member reduces.
+
+        The head names the sender's roster by its digest: if this member has the
+        round's roster already, a part under another roster, or of a slice it
+        does not reduce, is refused before its tensors are read; one that comes
+        before it has the roster is kept, and checked when the round starts."""
         key = self._current_key(head)
-        members = field(head, "members", list)
+        roster = field(head, "roster", bytes)
         index = field(head, "index", int)
-        if peer.key not in members or members[index:index + 1] != [self.me]:
-            raise PermissionDenied("this member does not reduce that slice for you")
+        exchange = self._exchange(key)
+        members = exchange.core.members if exchange.core is not None else self._rosters.get(key[0])
+        if members is not None:
+            if roster != roster_digest(members):
+                raise InvalidArgument(f"your roster of round {key[0]} differs from this member's")
+            if peer.key not in members or members[index:index + 1] != [self.me]:
+                raise PermissionDenied("this member does not reduce that slice for you")
         contribution, named = await self._receive(peer, items, kind=f"part:{key[1]}:{index}", round=key[0])
         from learn.compress import decode  # noqa: PLC0415  (torch only where tensors are)
 
@@ -681,15 +694,14 @@ class Group:
             tensor = decode(named[0][1])
         except CodecError as exc:
             raise InvalidArgument(f"bad part: {exc}") from None
-        exchange = self._exchange(key)
         if exchange.over:
             raise Unavailable(f"round {key[0]} is over here")
         if exchange.core is None:  # it came before this member reached the round: keep it for then
             if len(exchange.early) >= self._config.max_members:
                 raise Unavailable("too many parts wait for this member to reach the round")
-            exchange.early[peer.key] = (index, tensor, contribution.samples)
+            exchange.early[peer.key] = (roster, index, tensor, contribution.samples)
             return {"early": True}
-        if members != exchange.core.members:
+        if roster != roster_digest(exchange.core.members):  # the round started while its tensors came
             raise InvalidArgument(f"your roster of round {key[0]} differs from this member's")
         self._take_part(exchange, peer.key, index, tensor, contribution.samples)
         return {"ok": True}
@@ -702,7 +714,8 @@ class Group:
             await exchange.reduced.wait()
         if exchange.offer is None:
             raise Unavailable(f"exchange {list(exchange.key)} is not reduced here")
-        async for item in self._send(peer, exchange.offer, lane=arg.get("lane") is True, used=exchange.used):
+        async for item in self._send(peer, exchange.offer, lane=arg.get("lane") is True,
+                                   used=subset_bits(exchange.roster, exchange.used)):
             yield item
         exchange.served.add(peer.key)
         if exchange.served >= set(exchange.roster) - {self.me}:
@@ -777,8 +790,8 @@ class Group:
             raise InvalidArgument(f"bad tensor set from {peer.short()}: {exc}") from None
         if with_used:
             used = head.get("used")
-            if not isinstance(used, list) or not all(isinstance(u, bytes) for u in used):
-                raise InvalidArgument("a reduced slice names the contributors it used")
+            if not isinstance(used, bytes):
+                raise InvalidArgument("a reduced slice names the contributors it used, as a bitmap over the roster")
             return contribution, named, used
         return contribution, named
 

@@ -12,6 +12,7 @@ from learn.compress import decode, encode
 from learn.encoded import Encoded, payload_size
 from learn.wire import (
     CHUNK, Contribution, Decoder, Limits, WireError, chunk_counts, chunk_ids, digest_of, frames, header, lent_chunks,
+    roster_digest, subset_bits, subset_of,
 )
 
 FLOATS = ["float32", "float16", "bfloat16", "float64"]
@@ -283,3 +284,33 @@ def test_a_decoder_fills_the_buffers_into_gives_and_copies_borrowed_chunks_other
     assert out[0][1].payload.obj is own  # filled in place
     with pytest.raises(ValueError, match="writable"):
         Decoder(into=lambda *_: memoryview(b"abc")).feed(frames(named[1:]).__next__())
+
+
+KEYS = [bytes([i]) * 32 for i in range(1, 20)]
+
+
+def test_a_roster_digest_names_the_list_in_its_order_and_nothing_else():
+    assert len(roster_digest(KEYS)) == 32
+    assert roster_digest(KEYS) == roster_digest(list(KEYS))
+    assert roster_digest(KEYS) != roster_digest(KEYS[:-1])
+    assert roster_digest(KEYS) != roster_digest(KEYS[::-1])
+    assert roster_digest([b"a" * 32, b"b" * 32]) != roster_digest([b"a" * 31, b"ab" + b"b" * 30])
+
+
+@given(st.sets(st.integers(0, len(KEYS) - 1)))
+def test_a_subset_of_a_roster_goes_into_one_bit_a_member_and_back(chosen):
+    subset = [KEYS[i] for i in sorted(chosen)]
+    bits = subset_bits(KEYS, subset)
+    assert len(bits) == (len(KEYS) + 7) // 8  # 19 members: 3 bytes, not 19 x 34
+    assert subset_of(KEYS, bits) == subset
+
+
+@pytest.mark.parametrize("bits", [b"", b"\xff\xff", b"\xff\xff\xff\xff", b"\x00\x00\x08", "abc", None])
+def test_a_bitmap_of_another_length_or_with_bits_past_the_roster_is_refused(bits):
+    with pytest.raises(ValueError):
+        subset_of(KEYS, bits)  # 19 members: 3 bytes whose last 5 bits are 0
+
+
+def test_a_subset_naming_a_key_off_the_roster_cannot_be_put_in_bits():
+    with pytest.raises(ValueError):
+        subset_bits(KEYS, [b"z" * 32])
