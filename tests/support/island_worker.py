@@ -85,10 +85,11 @@ async def _main(island, rank, islands, bootstrap, data_dir, steps, inner_steps, 
         group = opt.diloco.group
         while len(group.live()) < islands:
             await group._heard.wait()
+        members = [m.hex() for m in group.live()]  # who the group is (at the end, one that finished may have left)
         out = await _train(opt, ddp, gen, steps, check_at)
         await _others_finished(group, node.service("learning").config.heartbeat_interval)
         reports = opt.diloco.reports
-        return {**out, "peer": node.peer_id.key.hex(), "members": [m.hex() for m in group.live()],
+        return {**out, "peer": node.peer_id.key.hex(), "members": members,
                 "contributors": [r.contributors for r in reports], "missing": sum(r.missing_values for r in reports),
                 "state_hash": group.hash.hex() if group.hash else None, "hash_round": group.hash_round,
                 "samples": sorted(group.samples.values()),  # each member's, in the last round this one reduced
