@@ -13,6 +13,14 @@
 round's local epochs.  Both need the node's ``learning`` service (on by
 default); see docs/learning.md.
 
+Either takes a client of a running daemon in place of the node: the script
+takes its inner steps, the daemon is the group's member for it::
+
+    async with meshd.connect("~/.meshd") as client:
+        opt = ml.DiLoCo(client, model, inner_opt=..., group="run42", inner_steps=50)
+        ...
+        await opt.aclose()      # or leave ``connect``: the daemon leaves the group
+
 ``IslandDiLoCo`` is DiLoCo for an island, processes that train one model with
 torch.distributed (DDP): every rank calls ``await opt.step(samples)``; rank 0
 holds the node (the other ranks pass ``None``), does the outer exchange for
@@ -25,8 +33,37 @@ the island and broadcasts the outcome to it::
                           group="run42", inner_steps=50)
 """
 
-from .services.learning.averager import GossipAverager, GossipReport
-from .services.learning.diloco import DiLoCo, SyncReport
+from learn.reports import GossipReport, SyncReport
+
+from .client.base import ControlClient
+from .client.training import RemoteDiLoCo, RemoteGossipAverager, SessionClosed
+from .services.learning import averager, diloco
 from .services.learning.island import IslandDiLoCo
 
-__all__ = ["DiLoCo", "GossipAverager", "GossipReport", "IslandDiLoCo", "SyncReport"]
+
+class DiLoCo(diloco.DiLoCo):
+    __doc__ = diloco.DiLoCo.__doc__ + """
+
+    ``node`` is an open node (:func:`meshd.open_node`), or a client of a running
+    daemon (:func:`meshd.connect`): then this is a :class:`RemoteDiLoCo`, whose
+    daemon is the group's member for this script (docs/learning.md)."""
+
+    def __new__(cls, node, *args, **kwargs):
+        if isinstance(node, ControlClient):
+            return RemoteDiLoCo(node, *args, **kwargs)
+        return super().__new__(cls)
+
+
+class GossipAverager(averager.GossipAverager):
+    __doc__ = averager.GossipAverager.__doc__ + """
+    ``node`` is an open node, or a client of a running daemon (:func:`meshd.connect`):
+    then this is a :class:`RemoteGossipAverager`."""
+
+    def __new__(cls, node, *args, **kwargs):
+        if isinstance(node, ControlClient):
+            return RemoteGossipAverager(node, *args, **kwargs)
+        return super().__new__(cls)
+
+
+__all__ = ["DiLoCo", "GossipAverager", "GossipReport", "IslandDiLoCo", "RemoteDiLoCo", "RemoteGossipAverager",
+           "SessionClosed", "SyncReport"]

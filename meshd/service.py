@@ -35,8 +35,9 @@ handler ``async def (channel, ctx)`` (see :class:`meshd.rpc.RpcServer`)."""
 
 
 class Method:
-    """A peer RPC handler with its kind spelled out (``"bidi"``, ``"client_stream"``);
-    a plain handler in :meth:`Service.rpc_methods` has its kind inferred."""
+    """An RPC handler with its kind spelled out (``"bidi"``, ``"client_stream"``);
+    a plain handler in :meth:`Service.rpc_methods` or :meth:`Service.control_methods`
+    has its kind inferred."""
 
     def __init__(self, handler: Handler, kind: str):
         self.handler = handler
@@ -56,7 +57,7 @@ class Service(Protocol):
     def rpc_methods(self) -> dict[str, Handler | Method]:
         """The methods peers may call, by full name; registered before :meth:`run`."""
 
-    def control_methods(self) -> dict[str, Handler]:
+    def control_methods(self) -> dict[str, Handler | Method]:
         """The methods of the local control socket (``meshctl``, the client library)."""
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -55,13 +55,21 @@ def _membership_line(about: dict) -> str:
     return line + (f"; {about['note']}" if about["note"] else "")
 
 
+def _trains(session: dict | None) -> str:
+    """Who trains for this member: a script over the control socket (its syncs), or the node's own process."""
+    if session is None:
+        return "this process"
+    return f"a client, {session['syncs']} syncs"
+
+
 async def cmd_ls(client: meshd.Client, args) -> object:
     rows = await client.learning_groups()
     shown = [{**r, "in MB": _mb(r["bytes_in"]), "out MB": _mb(r["bytes_out"]),
-              "hash": (r["hash"] or "-")[:12], "members (document)": _known(r.get("known"))} for r in rows]
+              "hash": (r["hash"] or "-")[:12], "members (document)": _known(r.get("known")),
+              "trained by": _trains(r.get("client"))} for r in rows]
     table = rows_table(f"{len(rows)} training groups", shown,
                        ["group", "algorithm", "rule", "round", "live", "members (document)", "in MB", "out MB",
-                        "hash"])
+                        "hash", "trained by"])
     return rows, lambda: console().print(table)
 
 
@@ -76,7 +84,7 @@ async def cmd_status(client: meshd.Client, args) -> object:
               "steps/s": _rate(m.get("steps_s")), "entry": m.get("state")}
              for m in info["members"]]
     title = (f"group {info['group']}: {info['algorithm']}, rule {info['rule']}, round {info['round']}, "
-             f"{len(info['members'])} members")
+             f"{len(info['members'])} members, this one trained by {_trains(info.get('client'))}")
     table = rows_table(title, shown, ["peer", "round", "seen s ago", "path", "samples", "clipped",
                                       "hash", "agrees", "role", "joined", "samples/s", "steps/s", "entry"])
     line = _membership_line(info["membership"])

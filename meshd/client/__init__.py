@@ -10,7 +10,9 @@ of the same name as the service it calls (``nat``, ``dht``, ``crdt``,
 ``shards``, ``learning``, ``experts``) plus the node core's (``node``).  It imports no service and not
 the node: only the control socket's location and the RPC frames, and trio on
 the first call.  :mod:`.blocking` runs the same methods over a blocking socket
-for callers with no event loop (``meshctl``).
+for callers with no event loop (``meshctl``).  :mod:`.training` (torch; not
+imported here) is a training script's half of a DiLoCo or gossip session
+the daemon runs for it (``meshd.learning.DiLoCo(client, model, ...)``).
 """
 
 from __future__ import annotations

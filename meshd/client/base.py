@@ -11,6 +11,7 @@ from ..rpc.errors import Unavailable
 
 if TYPE_CHECKING:
     from ..control.session import MuxSession, MuxStream
+    from ..rpc.channel import Channel
     from ..rpc.client import ResponseStream
 
 
@@ -98,3 +99,25 @@ class ControlClient:
         from ..rpc.client import ResponseStream
 
         return ResponseStream(self._open, method, arg, None, MAX_FRAME)
+
+    async def open_channel(self, method: str, arg: object = None) -> tuple[Channel, MuxStream]:
+        """Start a bidirectional control call that outlives any one ``async with`` block
+        (a training session: :mod:`meshd.client.training`), and return its channel and
+        stream.  The caller ends it: ``await channel.end()`` then ``await stream.close()``
+        (the daemon's handler sees the end of the channel), or ``stream.abort()`` (the
+        handler is cancelled).  No time limit: the call lasts until then, or until the
+        connection is lost, which cancels the handler too."""
+        from ..rpc import protocol
+        from ..rpc.channel import Channel
+        from ..rpc.framed import Framed, call_error
+        from ..streams import StreamAborted
+        from ..wire import FrameError
+
+        stream = await self._open()
+        framed = Framed(stream, MAX_FRAME)
+        try:
+            await framed.write(protocol.request_frame(method, None, protocol.BIDI, arg))
+        except (StreamAborted, FrameError) as exc:
+            stream.abort()
+            raise call_error(exc) from None
+        return Channel(framed, caller=True), stream

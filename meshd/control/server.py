@@ -8,6 +8,7 @@ frames as peers do.  Only this user (or root) may connect.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
@@ -25,10 +26,19 @@ from .socket import MAX_FRAME, socket_path
 def control_server(methods: Mapping[str, Callable],
                    unknown: Callable[[str], Exception | None] | None = None) -> RpcServer:
     """An RPC server offering ``methods``; ``unknown(name)`` may explain a
-    method that is not offered (a service that is off)."""
-    server = RpcServer(max_frame=MAX_FRAME, max_calls_per_peer=64, explain_unknown=unknown)
+    method that is not offered (a service that is off).
+
+    A handler's kind is inferred (unary, or server streaming for an async
+    generator) unless it comes with one: anything with ``handler`` and
+    ``kind`` attributes (``meshd.service.Method``: ``"bidi"``,
+    ``"client_stream"``).  Calls have no server-side time cap: every caller
+    is this user, and a call ends when its connection does (a training
+    session, ``learning.session``, is one call for the whole run)."""
+    server = RpcServer(max_frame=MAX_FRAME, max_calls_per_peer=64, explain_unknown=unknown,
+                       max_call_timeout=math.inf)
     for name, handler in methods.items():
-        server.register(name, handler)
+        kind = getattr(handler, "kind", None)
+        server.register(name, getattr(handler, "handler", handler) if kind else handler, kind=kind)
     return server
 
 

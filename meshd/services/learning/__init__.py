@@ -7,7 +7,9 @@ users call are :class:`GossipAverager` (:mod:`.averager`),
 :class:`DiLoCo` (:mod:`.diloco`, Streaming DiLoCo with ``fragments > 1``) and
 :class:`IslandDiLoCo` (:mod:`.island`, DiLoCo for a torch.distributed group
 whose rank 0 talks to the mesh); they import torch, the rest does not.
-The round logic is :mod:`learn`.
+:mod:`.sessions` runs DiLoCo or gossip for a training script that uses this
+node through its control socket (``learning.session``; torch is imported when
+the first session opens).  The round logic is :mod:`learn`.
 """
 
 from .config import LearningSection

@@ -12,33 +12,20 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
-
 import torch
 import trio
 
 from learn.compress import decode, encode
 from learn.gossip import GossipRound
 from learn.merge import mergeable, merge_state
+from learn.reports import GossipReport
 
 from ...identity import PeerId
 from ...rpc import RpcError
-from .service import Learning
 
 log = logging.getLogger("meshd.learning")
 
 RULES = ("mean", "variance_corrected", "conservative")
-
-
-@dataclass
-class GossipReport:
-    """What one round did."""
-
-    round: int
-    partners: int  # asked
-    merged: int  # answered in time and merged
-    bytes_in: int
-    seconds: float
 
 
 class GossipAverager:
@@ -54,7 +41,7 @@ class GossipAverager:
                  weighted: bool = False, seed: int | None = None):
         if rule not in RULES:
             raise ValueError(f"rule must be one of {', '.join(RULES)}, not {rule!r}")
-        self._service: Learning = node.service("learning")
+        self._service = node.service("learning")  # the Learning service, or a daemon session's view of it
         self.model = model
         self.rule, self.partners, self.c, self.weighted = rule, partners, c, weighted
         self.compression, self.block = compression, block

@@ -15,20 +15,23 @@ import trio
 from ...identity import PeerId
 from ...rpc import NotFound
 from ...rpc.args import field
+from ...service import Method
 
 
 def _hex(value: bytes | None) -> str | None:
     return value.hex() if value else None
 
 
-def _summary(group, membership, rows: dict | None = None, rejected: int = 0) -> dict:
+def _summary(group, membership, session, rows: dict | None = None, rejected: int = 0) -> dict:
     """One group in brief; ``known`` counts the membership document's entries by state
-    (None without a document)."""
+    (None without a document); ``client``: the session of the training script (over the
+    control socket) this member trains for, None for a script in the node's own process."""
     about = membership.summary(rows, rejected)
     return {"group": group.name, "algorithm": group.algorithm, "rule": group.rule, "round": group.round,
             "live": len(group.live()), "bytes_in": sum(group.bytes_in.values()),
             "bytes_out": sum(group.bytes_out.values()), "hash": _hex(group.hash),
-            "known": about["entries"] if about["document"] is not None else None}
+            "known": about["entries"] if about["document"] is not None else None,
+            "client": session.status() if session is not None else None}
 
 
 _NO_ENTRY = {"joined": None, "role": None, "island": None, "samples_s": None, "steps_s": None,
@@ -88,10 +91,12 @@ def _members(group, host, membership, entries: dict[str, dict]) -> list[dict]:
 
 def control_methods(learning) -> dict:
     """``learning.ls`` and ``learning.status``, bound to ``learning``, the node's
-    :class:`~meshd.services.learning.Learning` service."""
+    :class:`~meshd.services.learning.Learning` service; and ``learning.session``, a
+    training script's session (bidirectional, :mod:`.sessions`)."""
 
     async def ls(arg, ctx):
-        return [_summary(group, learning.memberships[name]) for name, group in learning.groups.items()]
+        return [_summary(group, learning.memberships[name], learning.sessions.get(name))
+                for name, group in learning.groups.items()]
 
     async def status(arg, ctx):
         name = field(arg, "group", str)
@@ -100,8 +105,13 @@ def control_methods(learning) -> dict:
             raise NotFound(f"this node is not in group {name!r:.60} (meshctl learning ls lists its groups)")
         membership = learning.memberships[name]
         entries, rejected = membership.entries()
-        return {**_summary(group, membership, entries, rejected),
+        return {**_summary(group, membership, learning.sessions.get(name), entries, rejected),
                 "membership": membership.summary(entries, rejected),
                 "members": _members(group, learning.host, membership, entries)}
 
-    return {"learning.ls": ls, "learning.status": status}
+    async def session(channel, ctx):
+        from .sessions import serve_session  # torch, only once a script opens a session
+
+        await serve_session(learning, channel, ctx)
+
+    return {"learning.ls": ls, "learning.status": status, "learning.session": Method(session, "bidi")}

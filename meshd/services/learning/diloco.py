@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 import trio
@@ -33,25 +32,13 @@ import trio
 from learn.compress import decode, encode
 from learn.fragments import due, mix, split
 from learn.outer import OuterSGD, state_hash
+from learn.reports import SyncReport
 from learn.robust import aggregate, parse_rule
 
 from ...identity import PeerId
 from ...rpc import RpcError
-from .service import Learning
 
 log = logging.getLogger("meshd.learning")
-
-
-@dataclass
-class SyncReport:
-    """What one outer exchange (one fragment of one round) did."""
-
-    round: int
-    fragment: int
-    contributors: int
-    missing_values: int  # values no reducer delivered (their Δ was taken as 0)
-    bytes_out: int
-    seconds: float
 
 
 def _joined(theta: dict, momentum: dict) -> dict:
@@ -77,7 +64,7 @@ class DiLoCo:
                  fragments: int = 1, overlap: int | None = None, alpha: float = 0.5,
                  compression: str = "none", block: int = 64, rule: str = "mean"):
         parse_rule(rule)  # a bad rule fails here, not at the first sync
-        self._service: Learning = node.service("learning")
+        self._service = node.service("learning")  # the Learning service, or a daemon session's view of it
         self.model, self.inner_opt = model, inner_opt
         self.H, self.P, self.alpha = inner_steps, fragments, alpha
         self.overlap = overlap if overlap is not None else max(1, inner_steps // (2 * fragments))
@@ -137,6 +124,12 @@ class DiLoCo:
                 self._land(p, out, streaming=True)
 
     # --- joining ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Take the group's state now, unless done already (the first :meth:`step` does it
+        otherwise): a daemon's session for a training script hands θ out before its first step."""
+        if not self._started:
+            await self._start()
 
     async def _start(self) -> None:
         """Hear the group once, and take the state of the member

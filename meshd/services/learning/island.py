@@ -88,6 +88,9 @@ class IslandDiLoCo:
         if self.rank == 0:
             if node is None:
                 raise ValueError("rank 0 talks to the mesh for the island: give it the node")
+            if not hasattr(node, "service"):
+                raise TypeError("an island's rank 0 needs a node opened in its process (meshd.open_node), "
+                                "not a running daemon's client")
             self.diloco = DiLoCo(node, self.model, inner_opt=inner_opt, group=group, **diloco)
             self.diloco.membership.report(island=self.size)  # the group's document shows the island's size
         elif node is not None:

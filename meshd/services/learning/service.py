@@ -80,6 +80,7 @@ class Learning:
         self._states = states  # None without the shards service: whole states then move over learning.pull
         self.groups: dict[str, Group] = {}
         self.memberships: dict[str, Membership] = {}  # group name -> this member's entry in its document
+        self.sessions: dict[str, object] = {}  # group name -> the training script's session that drives it
         self.bulk = Bulk(host, enabled=config.lane)
         self._nursery: trio.Nursery | None = None
 
@@ -115,6 +116,7 @@ class Learning:
         self._nursery.start_soon(fn, *args)
 
     def close(self) -> None:
+        self.sessions.clear()
         self.groups.clear()
         self.memberships.clear()
 

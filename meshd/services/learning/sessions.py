@@ -1,0 +1,294 @@
+"""Training sessions: DiLoCo or gossip for a training script that runs no node of its own.
+
+A script that uses a running daemon (``meshd.learning.DiLoCo(client, model, ...)``
+with a client of :func:`meshd.connect`) takes its inner steps itself, and the
+daemon is the group's member for it.  One control call, ``learning.session``
+(bidirectional), is the whole session: the daemon keeps a *shadow* of the
+script's model, tensors with its parameter names, dtypes and shapes (no
+module), and runs the very :class:`~.diloco.DiLoCo` (or
+:class:`~.averager.GossipAverager`) an in-process script would, over the
+shadow.  So rosters, reductions, the hash check, resyncs, offering the state
+to joiners and shard sync are the in-process code, unchanged, and a script's
+θ is bit-identical to every other member's.
+
+The call, each item a msgpack map (tensors as :mod:`learn.wire` frames of raw
+bytes, dtype and shape; never pickled; checked by :class:`learn.tensorset.SetDecoder`):
+
+* the request names the algorithm, the group, the algorithm's options and the
+  tensors (``[name, dtype, shape]`` each); the script then sends every
+  tensor's value.  The daemon joins the group and answers ``{"state": {...},
+  "tensors": 0}`` (a script may now wait for the members it wants live).
+* DiLoCo: ``{"start": {}}`` before the first inner step: the daemon takes the
+  group's state (:meth:`DiLoCo.start`) and answers ``{"state": {...},
+  "tensors": n}`` and n tensors: the values the script must hold before its
+  first step (n = 0 if its own are the group's).
+* per outer sync (DiLoCo) or round (gossip) the script sends
+  ``{"sync": {"steps": k, "samples": s}, "tensors": n}`` (``"step"`` for
+  gossip) and its n tensors; the daemon takes the k inner steps' place in
+  DiLoCo's count (the last one runs the exchange), and answers as above,
+  with the tensors it changed (all of them after an outer step, none if
+  nothing changed).  If the daemon took another member's state since its
+  last answer (a resync), the script's tensors are stale: they are dropped,
+  no exchange runs, and the answer carries the state taken (``replaced``).
+* the session ends when the script ends its side, or its connection is
+  lost (the script died): the call is cancelled, and the daemon leaves the
+  group (:meth:`Learning.leave`) as a script's node does when it closes.
+
+One session per group on a node: a node is one member of a group.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import trio
+
+from learn.compress import encode
+from learn.encoded import CODECS, FLOATING, ITEMSIZE, check_block
+from learn.robust import parse_rule
+from learn.tensors import DTYPES, tensor_view
+from learn.tensorset import SetDecoder, Specs, check_specs
+from learn.wire import Limits, WireError, frames
+
+from ...rpc import InvalidArgument
+from ...rpc.args import field, optional
+from ...service import check_name
+from .averager import RULES as GOSSIP_RULES
+from .averager import GossipAverager
+from .diloco import DiLoCo
+
+ALGORITHMS = ("diloco", "gossip")
+
+
+class _Shadow:
+    """The script's model as the daemon holds it: its tensors, by name, and nothing else."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+    def named_parameters(self):
+        return iter(self.tensors.items())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.tensors)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, value in state.items():
+                self.tensors[name].copy_(value)
+
+
+class _NoInnerSteps:
+    """The inner optimizer of a shadow: the script takes the inner steps."""
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
+class _SessionService:
+    """What DiLoCo and GossipAverager see as the node and its learning service: the
+    service itself, except that their background tasks run in the session's nursery
+    (they end with the session)."""
+
+    def __init__(self, learning, nursery: trio.Nursery):
+        self._learning = learning
+        self._nursery = nursery
+        self.config = learning.config
+
+    def service(self, name: str) -> _SessionService:
+        return self
+
+    def join(self, name: str, *, algorithm: str, rule: str):
+        return self._learning.join(name, algorithm=algorithm, rule=rule)
+
+    def membership(self, name: str):
+        return self._learning.membership(name)
+
+    def spawn(self, fn, *args) -> None:
+        self._nursery.start_soon(fn, *args)
+
+
+def _number(arg: dict, name: str, kind: type, low: float, high: float, default):
+    value = optional(arg, name, kind)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not low <= value <= high or (isinstance(value, float) and not math.isfinite(value)):
+        raise InvalidArgument(f"{name} must be from {low} to {high}, not {value!r:.20}")
+    return value
+
+
+def _options(algorithm: str, arg: dict) -> dict:
+    """The algorithm's keywords from the request, each checked (InvalidArgument naming it);
+    a missing one takes the algorithm's default."""
+    compression = optional(arg, "compression", str) or "none"
+    if compression not in CODECS:
+        raise InvalidArgument(f"compression must be one of {', '.join(CODECS)}, not {compression!r:.40}")
+    common = {"compression": compression, "block": _number(arg, "block", int, 64, 1024, 64)}
+    try:
+        check_block(common["block"])
+        if algorithm == "diloco":
+            rule = optional(arg, "rule", str) or "mean"
+            parse_rule(rule)
+            return {"inner_steps": _number(arg, "inner_steps", int, 1, 1 << 30, 50),
+                    "outer_lr": _number(arg, "outer_lr", (int, float), 0, 1e6, 0.7),
+                    "outer_momentum": _number(arg, "outer_momentum", (int, float), 0, 1, 0.9),
+                    "fragments": _number(arg, "fragments", int, 1, 1, 1), "rule": rule, **common}
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    rule = optional(arg, "rule", str) or "variance_corrected"
+    if rule not in GOSSIP_RULES:
+        raise InvalidArgument(f"rule must be one of {', '.join(GOSSIP_RULES)}, not {rule!r:.40}")
+    return {"rule": rule, "partners": _number(arg, "partners", int, 1, 1024, 4),
+            "c": _number(arg, "c", (int, float), 0, 1, 0.5), "weighted": bool(optional(arg, "weighted", bool)),
+            "seed": _number(arg, "seed", int, 0, (1 << 63) - 1, None), **common}
+
+
+async def _receive(channel, specs: Specs, tensors: dict[str, torch.Tensor], count: int, limits: Limits) -> int:
+    """``count`` of the script's tensors, written straight into ``tensors``; their bytes."""
+    decoder = SetDecoder(specs, count, lambda name: tensor_view(tensors[name], writable=True), limits)
+    try:
+        while not decoder.done:
+            try:
+                frame = await channel.receive()
+            except trio.EndOfChannel:
+                raise InvalidArgument(f"the script ended its side inside a transfer ({len(decoder.names)} "
+                                      f"of {count} tensors came)") from None
+            decoder.feed(frame)
+    except WireError as exc:
+        raise InvalidArgument(str(exc)) from None
+    return sum(math.prod(specs[n][1]) * ITEMSIZE[specs[n][0]] for n in decoder.names)
+
+
+class Session:
+    """One script's session: its shadow tensors and the algorithm over them."""
+
+    def __init__(self, learning, nursery: trio.Nursery, group: str, algorithm: str, specs: Specs,
+                 tensors: dict[str, torch.Tensor], options: dict):
+        self.group_name, self.algorithm, self.specs, self.tensors = group, algorithm, specs, tensors
+        self.limits = Limits(max_bytes=learning.config.max_bytes)
+        self.opened = time.time()
+        self.syncs = 0  # outer syncs (DiLoCo) or rounds (gossip) the script asked for
+        self.bytes_in = self.bytes_out = 0  # tensor bytes over the control socket, both ways
+        host = _SessionService(learning, nursery)
+        if algorithm == "diloco":
+            self.opt = DiLoCo(host, _Shadow(tensors), inner_opt=_NoInnerSteps(), group=group, **options)
+        else:
+            self.opt = GossipAverager(host, _Shadow(tensors), group=group, **options)
+        self.group = self.opt.group
+        self._version = 0  # DiLoCo: its version when the script was last sent the tensors
+        self._takes = 0  # DiLoCo: states taken from other members, as of the last answer
+        self._reports = 0  # DiLoCo: its reports already sent
+
+    # --- the call --------------------------------------------------------------------------
+
+    async def run(self, channel) -> None:
+        """Say it joined, then answer each start or sync the script asks for until it ends its side."""
+        await self._answer(channel, replaced=False, changed=False)
+        while True:
+            try:
+                head = await channel.receive()
+            except trio.EndOfChannel:
+                return
+            if self.algorithm == "diloco" and isinstance(head, dict) and head.keys() == {"start"}:
+                await self.opt.start()  # the group's state, if another member's
+                await self._answer(channel, replaced=False, changed=self.opt.version != self._version)
+                continue
+            key = "sync" if self.algorithm == "diloco" else "step"
+            sync = field(head, key, dict)
+            count = field(head, "tensors", int)
+            if count != len(self.specs):
+                raise InvalidArgument(f"a {key} sends all {len(self.specs)} tensors, not {count}")
+            samples = _number(sync, "samples", int, 0, (1 << 63) - 1, 0)
+            steps = _number(sync, "steps", int, 1, self.opt.H, None) if self.algorithm == "diloco" else 0
+            if steps is None:
+                raise InvalidArgument(f"a sync says how many inner steps (1 to {self.opt.H}) it follows")
+            self.syncs += 1
+            self.bytes_in += await _receive(channel, self.specs, self.tensors, count, self.limits)
+            if self.algorithm == "gossip":
+                report = await self.opt.step(samples)
+                await self._answer(channel, replaced=False, changed=report.merged > 0, report=[
+                    report.round, report.partners, report.merged, report.bytes_in, report.seconds])
+            else:
+                await self._sync(channel, steps, samples)
+
+    async def _sync(self, channel, steps: int, samples: int) -> None:
+        opt = self.opt
+        if sum(opt.takes.values()) != self._takes:  # a resync since the script's last tensors: they are stale
+            with torch.no_grad():
+                for name, tensor in self.tensors.items():
+                    tensor.copy_(opt.theta[name])  # as the resync left them (the upload wrote over them)
+            await self._answer(channel, replaced=True, changed=True)
+            return
+        for i in range(steps):  # the script's inner steps, in DiLoCo's count: the last one syncs
+            await opt.step(samples if i == 0 else 0)
+        await self._answer(channel, replaced=False, changed=opt.version != self._version)
+
+    async def _answer(self, channel, *, replaced: bool, changed: bool, report: list | None = None) -> None:
+        """The state the script mirrors, then the tensors it must copy in (all, or none)."""
+        state: dict = {"replaced": replaced}
+        if isinstance(self.opt, DiLoCo):
+            opt, group = self.opt, self.group
+            self._version, self._takes = opt.version, sum(opt.takes.values())  # before sending: see _sync
+            state.update(steps=opt.steps, version=opt.version, resyncs=opt.resyncs, round=group.round,
+                         hash=group.hash, hash_round=group.hash_round,
+                         reports=[[r.round, r.fragment, r.contributors, r.missing_values, r.bytes_out, r.seconds]
+                                  for r in opt.reports[self._reports:]])
+            self._reports = len(opt.reports)
+        else:
+            state.update(round=self.group.round, report=report)
+        await channel.send({"state": state, "tensors": len(self.tensors) if changed else 0})
+        if changed:
+            for frame in frames((name, encode(tensor, "none")) for name, tensor in self.tensors.items()):
+                await channel.send(frame)
+            self.bytes_out += sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def status(self) -> dict:
+        return {"algorithm": self.algorithm, "opened": self.opened, "syncs": self.syncs,
+                "tensors": len(self.specs), "bytes": sum(t.numel() * t.element_size() for t in self.tensors.values()),
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+
+
+def _not_in(learning, group: str) -> None:
+    if group in learning.groups:
+        raise InvalidArgument(f"this node is already in group {group!r}: a node is one member of a group "
+                              "(a second member needs a daemon of its own)")
+
+
+async def serve_session(learning, channel, ctx) -> None:
+    """``learning.session``: one training script's session, until it ends (see the module)."""
+    arg = channel.arg
+    algorithm = field(arg, "algorithm", str)
+    if algorithm not in ALGORITHMS:
+        raise InvalidArgument(f"algorithm must be one of {', '.join(ALGORITHMS)}, not {algorithm!r:.40}")
+    limits = Limits(max_bytes=learning.config.max_bytes)
+    try:
+        group = check_name(field(arg, "group", str), "a group name")  # as Learning.join checks it
+        specs = check_specs(arg.get("tensors"), limits, dtypes=FLOATING if algorithm == "diloco" else tuple(DTYPES))
+    except (ValueError, WireError) as exc:
+        raise InvalidArgument(str(exc)) from None
+    options = _options(algorithm, arg)
+    _not_in(learning, group)
+    tensors = {name: torch.empty(shape, dtype=DTYPES[dtype]) for name, (dtype, shape) in specs.items()}
+    received = await _receive(channel, specs, tensors, len(specs), limits)  # its values: the group may take them
+    async with trio.open_nursery() as nursery:
+        _not_in(learning, group)  # nobody joined while they came (nothing awaits from here to the join)
+        try:
+            session = Session(learning, nursery, group, algorithm, specs, tensors, options)
+        except BaseException as exc:
+            learning.leave(group)  # in case it got as far as joining
+            if isinstance(exc, ValueError):
+                raise InvalidArgument(str(exc)) from None
+            raise
+        session.bytes_in = received
+        learning.sessions[group] = session
+        try:
+            await session.run(channel)
+        finally:
+            nursery.cancel_scope.cancel()
+            del learning.sessions[group]
+            learning.leave(group)
