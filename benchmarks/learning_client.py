@@ -1,23 +1,33 @@
 """What a DiLoCo outer sync costs through a running daemon, against the same sync in-process.
 
-    .venv/bin/python benchmarks/learning_client.py [--mib 64] [--syncs 5] [--warmup 2]
+    .venv/bin/python benchmarks/learning_client.py [--mib 64] [--syncs 5] [--warmup 2] [--threads 1]
 
 A group of one member (so the figure is the member's own work and the control
 socket, no peers): ``DiLoCo(inner_steps=1)``, so each ``step()`` is one outer
 sync (Δ, the all-reduce of a roster of one, the Nesterov step, the state hash,
 the state offered to joiners).  In-process: a node opened in this process
 (``meshd.open_node``).  Through a daemon: a ``meshd start`` process and
-``meshd.connect`` (``RemoteDiLoCo``): the parameters go to the daemon over the
-control socket and θ comes back, raw, every sync.  Two models: the digits MLP
+``meshd.connect`` (``RemoteDiLoCo``), two ways in the same run, each with a
+daemon of its own: over the socket (``shared_memory=False``: the parameters go
+to the daemon over the control socket and θ comes back, raw, every sync) and
+over shared memory (the default: the script copies its parameters into the
+shadow both processes map, and θ out of it).  Two models: the digits MLP
 (38 kB) and ``--mib`` MiB of float32 (4 MiB tensors).  Before each sync the
 parameters move by noise, outside the timing.  Per row: the median and max
-``step()`` of ``--syncs`` syncs after ``--warmup``, and for the daemon its RSS
-before the session, after it, and its peak (``VmHWM``).
+``step()`` of ``--syncs`` syncs after ``--warmup``, and for each daemon its RSS
+before the session, during it, and its peak (``VmHWM``); with shared memory
+the daemon's RSS counts the shadow's pages it touched (``RssShmem``, shown
+apart), which the script's RSS counts too: one copy in memory, not two.
+Every process runs torch with ``--threads`` threads (the script's
+``torch.set_num_threads``, the daemons' ``OMP_NUM_THREADS``): on a small
+machine under load, a daemon left at torch's default (a thread per core)
+took 3-5x longer over its own part of a sync than with one.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -52,7 +62,7 @@ def _status(pid: int) -> dict[str, int]:
     fields = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
+        if key in ("VmRSS", "VmHWM", "RssShmem"):
             fields[key] = int(value.split()[0]) * 1024
     return fields
 
@@ -81,45 +91,59 @@ async def in_process(make, args, tmp: Path) -> dict:
     return {"times": times[args.warmup:]}
 
 
-async def through_daemon(make, args, tmp: Path, name: str) -> dict:
-    daemon = Daemon(tmp / f"daemon-{name}", config=SERVICES).start()
+async def through_daemon(make, args, tmp: Path, name: str, *, shared: bool) -> dict:
+    daemon = Daemon(tmp / f"daemon-{name}-{'shared' if shared else 'socket'}", config=SERVICES,
+                    env={**os.environ, "OMP_NUM_THREADS": str(args.threads)}).start()
     try:
         model = make()
         before = _status(daemon.proc.pid)
         async with meshd.connect(daemon.data_dir) as client:
             opt = ml.DiLoCo(client, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.0), group="bench",
-                            inner_steps=1)
+                            inner_steps=1, shared_memory=shared)
             await opt.start()
+            if opt.memory != ("shared" if shared else "socket"):
+                raise SystemExit(f"the session went over the {opt.memory}: {opt.memory_why}")
             times = await _syncs(opt, model, args.warmup + args.syncs)
             during = _status(daemon.proc.pid)
             await opt.aclose()
         return {"times": times[args.warmup:], "rss_before": before["VmRSS"], "rss_during": during["VmRSS"],
-                "peak": during["VmHWM"]}
+                "shmem": during.get("RssShmem", 0), "peak": during["VmHWM"]}
     finally:
         daemon.stop()
 
 
-def _row(label: str, size: int, inproc: dict, remote: dict) -> str:
-    med_i, med_r = statistics.median(inproc["times"]), statistics.median(remote["times"])
-    moved = 2 * size  # parameters up, θ down
-    return (f"| {label} | {size / 1e6:,.3f} | {med_i * 1e3:,.1f} (max {max(inproc['times']) * 1e3:,.1f}) | "
-            f"{med_r * 1e3:,.1f} (max {max(remote['times']) * 1e3:,.1f}) | {(med_r - med_i) * 1e3:,.1f} | "
-            f"{moved / max(med_r - med_i, 1e-9) / 1e6:,.0f} | {remote['rss_before'] / MiB:,.0f} / "
-            f"{remote['rss_during'] / MiB:,.0f} / {remote['peak'] / MiB:,.0f} |")
+def _ms(times: list[float]) -> str:
+    return f"{statistics.median(times) * 1e3:,.1f} (max {max(times) * 1e3:,.1f})"
+
+
+def _row(label: str, size: int, inproc: dict, socket: dict, shared: dict) -> str:
+    med_i = statistics.median(inproc["times"])
+    added = {k: statistics.median(r["times"]) - med_i for k, r in (("socket", socket), ("shared", shared))}
+
+    def rss(r: dict) -> str:
+        shmem = f" ({r['shmem'] / MiB:,.1f} shared)" if r["shmem"] else ""
+        return f"{r['rss_before'] / MiB:,.0f} / {r['rss_during'] / MiB:,.0f}{shmem} / {r['peak'] / MiB:,.0f}"
+
+    return (f"| {label} | {size / 1e6:,.3f} | {_ms(inproc['times'])} | {_ms(socket['times'])} | "
+            f"{_ms(shared['times'])} | {added['socket'] * 1e3:,.1f} / {added['shared'] * 1e3:,.1f} | "
+            f"{rss(socket)} | {rss(shared)} |")
 
 
 async def main(args) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, make in [("digits MLP", digits_mlp), (f"{args.mib} MiB float32", lambda: big_model(args.mib))]:
             size = sum(p.numel() * p.element_size() for p in make().parameters())
-            inproc = await in_process(make, args, Path(tmp) / label.replace(" ", "-"))
-            remote = await through_daemon(make, args, Path(tmp), label.replace(" ", "-"))
-            rows.append(_row(label, size, inproc, remote))
-    print("| model | MB | in-process sync ms | through the daemon ms | added ms | added MB/s (2x model) | "
-          "daemon RSS MiB: before / in session / peak |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+            name = label.replace(" ", "-")
+            inproc = await in_process(make, args, Path(tmp) / name)
+            socket = await through_daemon(make, args, Path(tmp), name, shared=False)
+            shared = await through_daemon(make, args, Path(tmp), name, shared=True)
+            rows.append(_row(label, size, inproc, socket, shared))
+    print("| model | MB | in-process sync ms | daemon, socket ms | daemon, shared memory ms | "
+          "added ms: socket / shared | daemon RSS MiB, socket: before / in session / peak | "
+          "daemon RSS MiB, shared memory: before / in session / peak |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
 
 
@@ -128,4 +152,5 @@ if __name__ == "__main__":
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--syncs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, in the script and the daemons")
     trio.run(main, parser.parse_args())

@@ -7,7 +7,9 @@ frames of some of those tensors, uncompressed (codec ``none``: raw bytes),
 and the receiver takes exactly those: each tensor named in the set, at most
 once, with its declared dtype and shape, written straight into the buffer
 the receiver keeps for it.  Anything else is a :class:`~learn.wire.WireError`
-that names the tensor and what was expected.  No torch here.
+that names the tensor and what was expected.  Where the two share memory
+instead, :func:`shadow_layout` places the declared tensors in the file both
+map, from the specs alone.  No torch here.
 """
 
 from __future__ import annotations
@@ -101,3 +103,21 @@ class SetDecoder:
         completed = [name for name, _ in self._decoder.feed(frame)]
         self.names += completed
         return completed
+
+
+SHADOW_HEADER = 4096  # a shared shadow's first bytes: the daemon's token, then nothing; tensors start after
+SHADOW_ALIGN = 64  # each tensor's offset: a cache line, and a multiple of every dtype's size
+
+
+def shadow_layout(specs: Specs) -> tuple[dict[str, tuple[int, int]], int]:
+    """Where each tensor of ``specs`` lies in a shared shadow (a file the script and its
+    daemon both map): ``({name: (offset, nbytes)}, file size)``, in declared order, each
+    offset a multiple of :data:`SHADOW_ALIGN` after the :data:`SHADOW_HEADER`.  Both
+    sides compute it from the specs alone: no offset or size ever crosses the socket."""
+    places: dict[str, tuple[int, int]] = {}
+    at = SHADOW_HEADER
+    for name, (dtype, shape) in specs.items():
+        nbytes = math.prod(shape) * ITEMSIZE[dtype]
+        places[name] = (at, nbytes)
+        at += -(-nbytes // SHADOW_ALIGN) * SHADOW_ALIGN
+    return places, at

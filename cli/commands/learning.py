@@ -59,7 +59,8 @@ def _trains(session: dict | None) -> str:
     """Who trains for this member: a script over the control socket (its syncs), or the node's own process."""
     if session is None:
         return "this process"
-    return f"a client, {session['syncs']} syncs"
+    memory = {"shared": ", shared memory", "socket": ", over the socket"}.get(session.get("memory"), "")
+    return f"a client, {session['syncs']} syncs{memory}"
 
 
 async def cmd_ls(client: meshd.Client, args) -> object:

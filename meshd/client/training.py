@@ -14,13 +14,21 @@
 handed a client instead of a node.  The script takes its inner steps
 itself; the daemon is the group's member for it and runs the in-process
 algorithm over a shadow of the model (:mod:`meshd.services.learning.sessions`,
-which also describes the call).  What crosses the control socket: the
-model's tensors, raw, once each way at the start (the script's values in, the
-group's out) and at every outer sync (DiLoCo) or round (gossip).  This module
+which also describes the call).  By default the shadow is shared memory (a
+file the daemon makes and both map): at every outer sync (DiLoCo) or round
+(gossip) the script copies its tensors into it, the call carries a few hundred
+bytes of messages, and the script copies the answer's values out of it.
+Where that cannot be (the daemon made no file, this process cannot map it),
+or with ``shared_memory=False``, the model's tensors cross the control socket
+instead, raw, once each way at the start and at every sync.  This module
 imports torch; :mod:`meshd.client` itself does not import it.
 """
 
 from __future__ import annotations
+
+import mmap
+import os
+import stat
 
 import torch
 import trio
@@ -29,8 +37,8 @@ from learn.compress import encode
 from learn.encoded import FLOATING
 from learn.reports import GossipReport, SyncReport
 from learn.robust import parse_rule
-from learn.tensors import dtype_name
-from learn.tensorset import SetDecoder, Specs, check_specs, wire_specs
+from learn.tensors import DTYPES, dtype_name
+from learn.tensorset import SetDecoder, Specs, check_specs, shadow_layout, wire_specs
 from learn.wire import WireError, frames
 
 from ..rpc.errors import ProtocolViolation
@@ -47,16 +55,26 @@ class SessionClosed(Exception):
 class _Session:
     """One ``learning.session`` call: the model's tensors go out, the daemon's answers come in.
 
-    ``tensors`` are the script's own (parameters, or ``state_dict`` entries):
-    sent as views where they are contiguous CPU tensors, and written from a
-    reused staging buffer (one tensor at a time) when an answer brings values."""
+    ``tensors`` are the script's own (parameters, or ``state_dict`` entries).
+    Over shared memory (``shared``, if the daemon offers a shadow and it maps
+    here) they are copied into the shadow before each request and out of it
+    after an answer that changed them, and only messages cross the socket.
+    Over the socket they are sent as views where they are contiguous CPU
+    tensors, and written from a reused staging buffer (one tensor at a time)
+    when an answer brings values."""
 
-    def __init__(self, client: ControlClient, arg: dict, tensors: dict[str, torch.Tensor], what: str):
+    def __init__(self, client: ControlClient, arg: dict, tensors: dict[str, torch.Tensor], what: str, *,
+                 shared: bool = True):
         self.client, self.arg, self.tensors, self.what = client, arg, tensors, what
         self.specs: Specs = check_specs(wire_specs({n: (dtype_name(t.dtype), tuple(t.shape))
                                                     for n, t in tensors.items()}))
         self.channel = self.stream = None
         self.closed: str | None = None  # why it is over
+        self.shared = shared  # asks for a shared shadow
+        self.memory: str | None = None  # once open: "shared" or "socket"
+        self.memory_why: str | None = None  # why "socket", when shared memory was asked for
+        self._shadow: dict[str, torch.Tensor] | None = None  # the shared shadow's views, by name
+        self._mapping: mmap.mmap | None = None
         self._staging = bytearray()
 
     async def open(self) -> dict:
@@ -67,14 +85,79 @@ class _Session:
 
     async def _open(self) -> dict:
         arg = {**self.arg, "tensors": wire_specs(self.specs)}
+        if self.shared:
+            arg["memory"] = "shared"
         self.channel, self.stream = await self.client.open_channel(METHOD, arg)
+        if self.shared:
+            offer = await self.channel.receive()
+            if not isinstance(offer, dict) or "shadow" not in offer:
+                raise ProtocolViolation(f"the daemon answered a shared-memory offer with {offer!r:.80}")
+            self.memory_why = self._map(offer["shadow"], offer.get("why"))
+            if self.memory_why is None:
+                self.memory = "shared"
+                self._write_shadow()  # the script's values: the group may take them
+                await self.channel.send({"shadow": True})
+                return await self._send_and_answer(None, tensors=False)
+            await self.channel.send({"shadow": False, "why": self.memory_why})
+        self.memory = "socket"
         return await self._send_and_answer(None)
+
+    def _map(self, offer: object, why: object) -> str | None:
+        """Map the shadow the daemon offers (None: it made none, ``why``); None once mapped,
+        else why not.  The layout is this side's own (:func:`shadow_layout` of the specs),
+        and the file must be a regular one of exactly its size that starts with the token."""
+        if offer is None:
+            return f"the daemon made no shared shadow ({str(why)[:200]})"
+        _, size = shadow_layout(self.specs)
+        if (not isinstance(offer, dict) or not isinstance(offer.get("path"), str)
+                or not isinstance(offer.get("token"), bytes) or offer.get("size") != size):
+            raise ProtocolViolation(f"the daemon offered a shadow as {offer!r:.120}")
+        path, token = offer["path"], offer["token"]
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+                    return f"{path} is not a {size}-byte file here"
+                mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return f"cannot map {path}: {exc.strerror or exc}"
+        if mapping[:len(token)] != token:  # another file of that name: another mount namespace, say
+            mapping.close()
+            return f"{path} here is not the daemon's shadow"
+        self._mapping = mapping
+        self._shadow = _views(mapping, self.specs)
+        return None
+
+    def _write_shadow(self) -> None:
+        """The script's tensors into the shadow (the daemon reads it only once the head is sent)."""
+        with torch.no_grad():
+            for name, tensor in self.tensors.items():
+                self._shadow[name].copy_(tensor.detach())
+
+    def _read_shadow(self) -> None:
+        """The shadow's values (the daemon's answer) into the script's tensors."""
+        with torch.no_grad():
+            for name, tensor in self.tensors.items():
+                tensor.copy_(self._shadow[name])
+
+    def _unmap(self) -> None:
+        self._shadow = None  # the views hold the mapping: it goes with them
+        if self._mapping is not None:
+            try:
+                self._mapping.close()
+            except BufferError:  # a view is still referenced somewhere: unmapped when it goes
+                pass
+            self._mapping = None
 
     async def exchange(self, head: dict, *, tensors: bool = True) -> dict:
         """Send ``head`` and (with ``tensors``) every tensor; the daemon's answer (its tensors copied in)."""
         self.check_open()
-        return await self._guarded(self._send_and_answer({**head, "tensors": len(self.tensors)} if tensors else head,
-                                                         tensors))
+        if tensors:
+            head = {**head, "tensors": 0 if self._shadow is not None else len(self.tensors)}
+        return await self._guarded(self._send_and_answer(head, tensors))
 
     def check_open(self) -> None:
         if self.closed is not None:
@@ -91,15 +174,25 @@ class _Session:
 
     async def _send_and_answer(self, head: dict | None, tensors: bool = True) -> dict:
         channel = self.channel
+        shared = self._shadow is not None
+        if tensors and shared:
+            self._write_shadow()  # before the head: the daemon reads the shadow once the head came
         if head is not None:
             await channel.send(head)
-        if tensors:
+        if tensors and not shared:
             for frame in frames((name, encode(t.detach(), "none")) for name, t in self.tensors.items()):
                 await channel.send(frame)
         answer = await channel.receive()
         state = answer.get("state") if isinstance(answer, dict) else None
         if not isinstance(state, dict):
             raise ProtocolViolation(f"the daemon answered a {self.what} session with {answer!r:.80}")
+        if shared:
+            if answer.get("tensors") != 0 or type(answer.get("changed")) is not bool:
+                raise ProtocolViolation(f"the daemon answered a shared-memory {self.what} session with "
+                                        f"{answer!r:.80}")
+            if answer["changed"]:  # written before the answer; till the next head only a resync writes them
+                self._read_shadow()
+            return state
         try:
             decoder = SetDecoder(self.specs, answer.get("tensors"), self._stage)
             while not decoder.done:
@@ -130,6 +223,7 @@ class _Session:
         if self.closed is not None:
             return
         self.closed = "closed by this script"
+        self._unmap()
         if self.channel is None:  # never opened
             return
         try:
@@ -146,8 +240,17 @@ class _Session:
         """Drop the call without a goodbye: the daemon cancels the session and leaves the group."""
         if self.closed is None:
             self.closed = why
+            self._unmap()
             if self.stream is not None:
                 self.stream.abort()
+
+
+def _views(mapping: mmap.mmap, specs: Specs) -> dict[str, torch.Tensor]:
+    """The tensors of ``specs`` in a shared shadow's mapping, each at its place."""
+    places, _ = shadow_layout(specs)
+    base = torch.frombuffer(mapping, dtype=torch.uint8)
+    return {name: base[at:at + nbytes].view(DTYPES[dtype]).view(shape)
+            for name, (dtype, shape) in specs.items() for at, nbytes in [places[name]]}
 
 
 class _Remote:
@@ -179,6 +282,16 @@ class _Remote:
         """End the session: the daemon's member leaves the group."""
         await self._session.aclose()
 
+    @property
+    def memory(self) -> str | None:
+        """How the tensors cross, once joined: ``"shared"`` (a shadow both processes map) or
+        ``"socket"`` (then :attr:`memory_why` says why, if shared memory was asked for)."""
+        return self._session.memory
+
+    @property
+    def memory_why(self) -> str | None:
+        return self._session.memory_why
+
     async def __aenter__(self):
         await self.join()
         return self
@@ -202,12 +315,16 @@ class RemoteDiLoCo(_Remote):
     ``round``, ``hash``, ``hash_round`` and ``reports`` (:class:`SyncReport`),
     as of the last answer.  :meth:`aclose` (or ``async with``) ends the
     session; leaving :func:`meshd.connect`, or the script dying, ends it too.
+
+    ``shared_memory`` (this class's own keyword): the shadow is shared memory
+    if the daemon can make it and this process can map it (:attr:`memory`
+    says which it is); False sends the tensors over the control socket.
     """
 
     def __init__(self, client: ControlClient, model: torch.nn.Module, *, inner_opt: torch.optim.Optimizer,
                  group: str, inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  fragments: int = 1, overlap: int | None = None, alpha: float = 0.5, compression: str = "none",
-                 block: int = 64, rule: str = "mean"):
+                 block: int = 64, rule: str = "mean", shared_memory: bool = True):
         if fragments != 1:
             raise ValueError("Streaming DiLoCo (fragments > 1) through a daemon is not built: "
                              "open a node in the script (meshd.open_node) for it")
@@ -223,7 +340,7 @@ class RemoteDiLoCo(_Remote):
         self._session = _Session(client, {
             "algorithm": "diloco", "group": group, "inner_steps": inner_steps, "outer_lr": outer_lr,
             "outer_momentum": outer_momentum, "fragments": fragments, "compression": compression,
-            "block": block, "rule": rule}, params, "DiLoCo")
+            "block": block, "rule": rule}, params, "DiLoCo", shared=shared_memory)
         self._started = False
         self.steps = 0  # inner steps, in the group's count (the daemon's DiLoCo sets it when it takes a state)
         self.samples = 0  # samples since the last sync
@@ -276,12 +393,12 @@ class RemoteGossipAverager(_Remote):
     step(samples)`` after a round's local epochs sends the model's
     ``state_dict`` to the daemon, which offers it, pulls ``partners`` live
     members' and merges them (its GossipAverager over a shadow), and the merged
-    values come back into the model.  :meth:`join`, :meth:`live` and
-    :meth:`aclose` as for :class:`RemoteDiLoCo`."""
+    values come back into the model.  :meth:`join`, :meth:`live`,
+    :meth:`aclose` and ``shared_memory`` as for :class:`RemoteDiLoCo`."""
 
     def __init__(self, client: ControlClient, model: torch.nn.Module, *, group: str,
                  rule: str = "variance_corrected", partners: int = 4, c: float = 0.5, compression: str = "none",
-                 block: int = 64, weighted: bool = False, seed: int | None = None):
+                 block: int = 64, weighted: bool = False, seed: int | None = None, shared_memory: bool = True):
         if rule not in GOSSIP_RULES:
             raise ValueError(f"rule must be one of {', '.join(GOSSIP_RULES)}, not {rule!r}")
         super().__init__(client, group)
@@ -289,7 +406,7 @@ class RemoteGossipAverager(_Remote):
         self._session = _Session(client, {
             "algorithm": "gossip", "group": group, "rule": rule, "partners": partners, "c": c,
             "compression": compression, "block": block, "weighted": weighted, "seed": seed},
-            model.state_dict(), "gossip")
+            model.state_dict(), "gossip", shared=shared_memory)
         self.round = 0
 
     async def step(self, samples: int = 0) -> GossipReport:

@@ -7,12 +7,16 @@ session runs the in-process DiLoCo over a shadow of the script's model, so
 every member must end every outer round with the same hash, and the script's
 model must then hold θ bit for bit.  A script that closes its session, or
 whose connection drops (as when it dies), takes the daemon out of the group.
+The shadow is shared memory (a file both processes map): no tensor crosses
+the control socket, and the file is gone once both mapped it, whatever
+happens to the session, and a dead daemon's leftovers once it starts again.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +28,7 @@ from learn.compress import encode
 from learn.wire import header
 from learning_members import GROUP, Progress, Trainer, diloco, fast_config, tiny_model
 from meshd.rpc import InvalidArgument
+from meshd.services.learning import shadows
 from test_daemons import daemons  # noqa: F401  (the fixture)
 
 FAST = {"learning": {"heartbeat_interval": 0.2, "discover_interval": 0.5, "round_timeout_min": 2.0}}
@@ -69,6 +74,22 @@ async def _poll(condition, timeout: float = 10.0) -> None:
             await trio.sleep(0.05)
 
 
+def _files(data_dir: Path) -> list[Path]:
+    """The shadow files there are for the daemon of ``data_dir``, in both places one may be."""
+    return [f for d in shadows.directories(data_dir) if d.is_dir() for f in d.iterdir()]
+
+
+def _leave_leftovers(data_dir: Path) -> list[Path]:
+    """Shadow files as a daemon killed in a session's handshake leaves them."""
+    data_dir.mkdir(mode=0o700)
+    left = []
+    for directory in shadows.directories(data_dir):
+        directory.mkdir(mode=0o700)
+        left.append(directory / f"dead{shadows.SUFFIX}")
+        left[-1].write_bytes(b"\0" * 8192)
+    return left
+
+
 async def _everyone_live(script: Script, trainers: list[Trainer]) -> None:
     """Until all three members hear each other: as a script waits for its group before training."""
     for trainer in trainers:
@@ -82,7 +103,9 @@ async def _everyone_live(script: Script, trainers: list[Trainer]) -> None:
 
 async def test_a_script_trains_through_a_daemon_in_step_with_in_process_members(daemons, tmp_path):  # noqa: F811
     started = time.perf_counter()
+    leftovers = _leave_leftovers(tmp_path / "d")
     daemon = daemons("d", config=FAST)
+    assert not any(f.exists() for f in leftovers)  # removed as the learning service started
     key = daemon.address.peer_id.key
     progress = Progress()
     async with AsyncExitStack() as stack:
@@ -103,6 +126,8 @@ async def test_a_script_trains_through_a_daemon_in_step_with_in_process_members(
         await script.opt.join()  # the daemon's member joins and greets; the state is taken at the first step
         [row] = await client.learning_groups()
         assert row["group"] == GROUP and row["client"]["algorithm"] == "diloco" and row["client"]["tensors"] == 4
+        assert script.opt.memory == row["client"]["memory"] == "shared", script.opt.memory_why
+        assert _files(daemon.data_dir) == []  # both mapped it: removed
         model = tiny_model(8)
         other = ml.DiLoCo(client, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.1), group=GROUP)
         with pytest.raises(InvalidArgument, match="already in group 'run42'"):
@@ -112,7 +137,7 @@ async def test_a_script_trains_through_a_daemon_in_step_with_in_process_members(
         assert status["client"]["algorithm"] == "diloco" and sum(m["me"] for m in status["members"]) == 1
         assert {m["peer"] for m in status["members"]} >= {daemon.peer_id, *(str(node.peer_id) for node in nodes)}
         shown = await trio.to_thread.run_sync(daemon.meshctl_raw, "learning", "ls")
-        assert "a client, 0 syncs" in shown.stdout, shown.stdout
+        assert "a client, 0 syncs, shared memory" in shown.stdout, shown.stdout
 
         async with trio.open_nursery() as nursery:
             paused, go = trio.Event(), trio.Event()
@@ -128,6 +153,9 @@ async def test_a_script_trains_through_a_daemon_in_step_with_in_process_members(
             assert [r.round for r in script.opt.reports] == list(range(ROUNDS)) and script.opt.round == ROUNDS
             assert sum(t.group.used[key] for t in trainers) > 0  # the script's pseudo-gradient was in reductions
             assert script.opt.resyncs == 0
+            [row] = await client.learning_groups()
+            client_row = row["client"]
+            assert client_row["syncs"] >= ROUNDS and (client_row["bytes_in"], client_row["bytes_out"]) == (0, 0)
 
             await script.opt.aclose()  # the daemon leaves before it answers; the others notice in 3 heartbeats
             assert await client.learning_groups() == []
@@ -144,7 +172,7 @@ async def test_a_script_trains_through_a_daemon_in_step_with_in_process_members(
             async with meshd.connect(daemon.data_dir) as doomed:
                 late = Script(doomed, 9, progress)
                 await late.opt.start()  # joins, and takes the group's state and round
-                assert late.opt.round == ROUNDS + 1 and late.opt.resyncs == 0
+                assert late.opt.round == ROUNDS + 1 and late.opt.resyncs == 0 and late.opt.memory == "shared"
                 for name, param in late.model.named_parameters():
                     assert torch.equal(param.detach(), thetas[0][ROUNDS][name]), name
                 for trainer in trainers:
@@ -155,6 +183,7 @@ async def test_a_script_trains_through_a_daemon_in_step_with_in_process_members(
                 return await client.learning_groups() == []
 
             await _poll(left)
+            assert _files(daemon.data_dir) == []
             await _until_gone(trainers, key)
             go.set()
             nursery.cancel_scope.cancel()
@@ -211,7 +240,7 @@ async def test_a_script_gossips_through_a_daemon(daemons, tmp_path):  # noqa: F8
         inproc = ml.GossipAverager(node, theirs, group="g", rule="mean", partners=1)
         async with meshd.connect(daemon.data_dir) as client:
             async with ml.GossipAverager(client, ours, group="g", rule="mean", partners=1) as remote:
-                assert isinstance(remote, ml.RemoteGossipAverager)
+                assert isinstance(remote, ml.RemoteGossipAverager) and remote.memory == "shared"
 
                 async def two() -> bool:
                     return await remote.live() == 2
@@ -226,4 +255,5 @@ async def test_a_script_gossips_through_a_daemon(daemons, tmp_path):  # noqa: F8
                 assert ours[1].num_batches_tracked.item() == 0  # integer buffers are left alone
                 [row] = await client.learning_groups()
                 assert row["algorithm"] == "gossip" and row["client"]["syncs"] == 1
+                assert row["client"]["memory"] == "shared" and row["client"]["bytes_in"] == 0
             assert await client.learning_groups() == []

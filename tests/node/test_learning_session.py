@@ -3,18 +3,29 @@
 tests/daemon/test_learning_client.py runs the real thing (a daemon process
 among in-process members); here the node is in-process so the test can reach
 the session's DiLoCo and make it take another member's state between two of
-the script's syncs, as the hash check does.
+the script's syncs, as the hash check does, count what crosses the control
+socket, and make the shared shadow fail on either side.
 """
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
+
+import pytest
 import torch
+import trio
 
 import meshd
 import meshd.learning as ml
 from learning_members import fast_config, tiny_model
+from meshd.client import training
+from meshd.rpc import InvalidArgument
+from meshd.services.learning import shadows
 
 H = 2
+MEMORY = pytest.mark.parametrize("shared", [True, False], ids=["shared", "socket"])
 
 
 async def _steps(opt, model: torch.nn.Module, count: int, gen: torch.Generator) -> None:
@@ -23,19 +34,36 @@ async def _steps(opt, model: torch.nn.Module, count: int, gen: torch.Generator) 
         await opt.step(samples=4)
 
 
-async def test_a_state_taken_between_two_syncs_replaces_the_scripts_stale_steps(tmp_path):
+def _files(data_dir: Path) -> list[Path]:
+    """The shadow files there are for this node's data dir (both places one may be)."""
+    return [f for d in shadows.directories(data_dir) if d.is_dir() for f in d.iterdir()]
+
+
+async def _until(condition, timeout: float = 10.0) -> None:
+    """Until ``condition()`` holds: what another task of this process does once a connection drops."""
+    with trio.fail_after(timeout):
+        while not condition():
+            await trio.sleep(0.01)
+
+
+@MEMORY
+async def test_a_state_taken_between_two_syncs_replaces_the_scripts_stale_steps(tmp_path, shared):
     """The script's parameters after the take were trained from the old θ: the daemon drops them,
     runs no exchange, and hands back the state it took (θ and the step count of its round);
-    the sync after that is an ordinary one."""
+    the sync after that is an ordinary one.  Over shared memory the take writes θ into the
+    shadow the script maps, between its requests, as a resync in the background does."""
     gen = torch.Generator().manual_seed(0)
     async with meshd.open_node(tmp_path / "n", listen="127.0.0.1:0", config=fast_config()) as node:
         async with meshd.connect(tmp_path / "n") as client:
             model = tiny_model(0)
             opt = ml.DiLoCo(client, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.1), group="g",
-                            inner_steps=H)
+                            inner_steps=H, shared_memory=shared)
             await _steps(opt, model, H, gen)  # round 0, alone
             assert (opt.hash_round, opt.round, opt.steps, len(opt.reports)) == (0, 1, H, 1)
-            member = node.service("learning").sessions["g"].opt
+            session = node.service("learning").sessions["g"]
+            assert opt.memory == session.status()["memory"] == ("shared" if shared else "socket")
+            assert (session.bytes_in == 0) == shared and _files(tmp_path / "n") == []
+            member = session.opt
             assert all(torch.equal(p.detach(), member.theta[n]) for n, p in model.named_parameters())
 
             taken = {**{f"theta/{n}": t + 1 for n, t in member.theta.items()},
@@ -54,3 +82,143 @@ async def test_a_state_taken_between_two_syncs_replaces_the_scripts_stale_steps(
             assert not any(torch.equal(p.detach(), theta[n]) for n, p in model.named_parameters())
             await opt.aclose()
             assert "g" not in node.service("learning").groups
+
+
+class _Counting:
+    """A call stream that counts the bytes sent and received through it."""
+
+    def __init__(self, stream):
+        self._stream, self.sent, self.received = stream, 0, 0
+
+    async def send_all(self, data, *args, **kwargs):
+        self.sent += len(data)
+        return await self._stream.send_all(data, *args, **kwargs)
+
+    async def receive_some(self, *args, **kwargs):
+        data = await self._stream.receive_some(*args, **kwargs)
+        self.received += len(data)
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _counted(channel) -> _Counting:
+    """Count what a client's call sends and receives on the control socket from now on."""
+    framed = channel._framed
+    framed.stream = _Counting(framed.stream)
+    return framed.stream
+
+
+@MEMORY
+async def test_a_shared_memory_sync_carries_no_tensor_bytes_over_the_socket(tmp_path, shared):
+    """A 2 MiB model: over shared memory an outer sync is a few hundred bytes of messages each
+    way on the control socket (the same for any model size); over the socket, the model each
+    way.  θ reaches the script's model either way."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512, bias=False))
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    gen = torch.Generator().manual_seed(0)
+    async with meshd.open_node(tmp_path / "n", listen="127.0.0.1:0", config=fast_config()) as node:
+        async with meshd.connect(tmp_path / "n") as client:
+            opt = ml.DiLoCo(client, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.1), group="g",
+                            inner_steps=1, shared_memory=shared)
+            await opt.start()
+            assert opt.memory == ("shared" if shared else "socket") and opt.memory_why is None
+            counts = _counted(opt._session.channel)
+            for _ in range(3):
+                model(torch.randn(4, 512, generator=gen)).pow(2).mean().backward()
+                await opt.step(samples=4)
+            session = node.service("learning").sessions["g"]
+            assert session.syncs == 3 and opt.hash_round == 2
+            if shared:
+                assert counts.sent < 3 * 1024 and counts.received < 3 * 1024, vars(counts)  # O(1): no tensor
+                assert (session.bytes_in, session.bytes_out) == (0, 0)
+            else:
+                assert counts.sent > 3 * size and counts.received > 3 * size
+                assert (session.bytes_in, session.bytes_out) == (4 * size, 3 * size)  # the join's upload too
+            assert all(torch.equal(p.detach(), session.opt.theta[n]) for n, p in model.named_parameters())
+            await opt.aclose()
+
+
+async def test_the_shadow_file_lives_only_from_the_offer_until_the_script_mapped_it(tmp_path):
+    """The daemon's offer names a 0600 file in a 0700 directory, sized for the declared tensors;
+    a script that drops the call before answering leaves no file; one that mapped it has the
+    file removed at once (both mappings stay), and after its session nothing is left either."""
+    specs = [["w", "float32", [1000]], ["b", "bfloat16", [3]]]
+    arg = {"algorithm": "diloco", "group": "g", "inner_steps": 1, "tensors": specs, "memory": "shared"}
+    data_dir = tmp_path / "n"
+    async with meshd.open_node(data_dir, listen="127.0.0.1:0", config=fast_config()) as node:
+        async with meshd.connect(data_dir) as client:
+            channel, stream = await client.open_channel("learning.session", arg)
+            offer = (await channel.receive())["shadow"]
+            path = Path(offer["path"])
+            assert _files(data_dir) == [path] and offer["size"] == 4096 + 4032 + 64
+            assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+            assert stat.S_IMODE(os.lstat(path.parent).st_mode) == 0o700
+            stream.abort()  # the script died before it mapped the file
+            await _until(lambda: not path.exists())
+            assert not path.parent.exists() and "g" not in node.service("learning").groups
+
+            model = torch.nn.Linear(8, 2)
+            opt = ml.DiLoCo(client, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.1), group="g",
+                            inner_steps=1)
+            await opt.join()
+            assert opt.memory == "shared" and _files(data_dir) == []  # mapped: removed already
+            model(torch.randn(2, 8)).sum().backward()
+            await opt.step()
+            assert opt.hash_round == 0
+        await _until(lambda: "g" not in node.service("learning").groups)  # the connection closed under it
+        assert _files(data_dir) == []
+
+
+async def test_a_shared_memory_session_takes_no_tensor_frames_and_no_reply_but_a_yes_or_no(tmp_path):
+    """After the offer the daemon takes only a yes or a no; over shared memory a sync that
+    announces tensors on the socket is refused.  A script that says yes without writing
+    anything joins with zeros (its own values, as far as the daemon can tell): no harm."""
+    specs = [["w", "float32", [4]]]
+    arg = {"algorithm": "diloco", "group": "g", "inner_steps": 1, "tensors": specs, "memory": "shared"}
+    async with meshd.open_node(tmp_path / "n", listen="127.0.0.1:0", config=fast_config()) as node:
+        async with meshd.connect(tmp_path / "n") as client:
+            channel, stream = await client.open_channel("learning.session", arg)
+            await channel.receive()
+            await channel.send({"tensors": 1})
+            with pytest.raises(InvalidArgument, match="shadow"):
+                await channel.receive()
+            stream.abort()
+
+            channel, stream = await client.open_channel("learning.session", arg)
+            await channel.receive()
+            await channel.send({"shadow": True})
+            answer = await channel.receive()
+            assert answer["changed"] is False and answer["tensors"] == 0
+            assert torch.equal(node.service("learning").sessions["g"].opt.theta["w"], torch.zeros(4))
+            await channel.send({"sync": {"steps": 1}, "tensors": 1})
+            with pytest.raises(InvalidArgument, match="sends no tensors, not 1"):
+                await channel.receive()
+            stream.abort()
+        await _until(lambda: "g" not in node.service("learning").groups)
+        assert _files(tmp_path / "n") == []
+
+
+@pytest.mark.parametrize("side", ["daemon", "script"])
+async def test_a_shadow_that_cannot_be_made_or_mapped_falls_back_to_the_socket(tmp_path, monkeypatch, side):
+    """No room for the file (the daemon's side), or a script that cannot map it: the session
+    goes on over the socket, says why, and its syncs work."""
+    if side == "daemon":
+        monkeypatch.setattr(shadows, "directories", lambda data_dir, **kw: [tmp_path / "missing" / "shadows"])
+    else:
+        monkeypatch.setattr(training._Session, "_map", lambda self, offer, why: "cannot map it here")
+    gen = torch.Generator().manual_seed(0)
+    async with meshd.open_node(tmp_path / "n", listen="127.0.0.1:0", config=fast_config()) as node:
+        async with meshd.connect(tmp_path / "n") as client:
+            model = tiny_model(0)
+            opt = ml.DiLoCo(client, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.1), group="g",
+                            inner_steps=H)
+            await _steps(opt, model, H, gen)
+            session = node.service("learning").sessions["g"]
+            assert opt.memory == session.status()["memory"] == "socket" and opt.hash_round == 0
+            assert ("No such file" if side == "daemon" else "cannot map it here") in opt.memory_why
+            assert session.bytes_in > 0 and _files(tmp_path / "n") == []
+            assert all(torch.equal(p.detach(), session.opt.theta[n]) for n, p in model.named_parameters())
+            await opt.aclose()

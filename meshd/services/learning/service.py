@@ -55,6 +55,7 @@ from .config import LearningSection
 from .control import control_methods
 from .group import Group
 from .membership import Membership
+from .shadows import clear as clear_shadows
 
 log = logging.getLogger("meshd.learning")
 
@@ -99,6 +100,9 @@ class Learning:
         return control_methods(self)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        left = clear_shadows(self.host.data_dir)  # the control socket is ours by now: no other daemon's files
+        if left:
+            log.info("removed %d shared shadows a previous daemon left", left)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.bulk.server is not None:

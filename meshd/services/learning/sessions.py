@@ -18,6 +18,27 @@ bytes, dtype and shape; never pickled; checked by :class:`learn.tensorset.SetDec
   tensors (``[name, dtype, shape]`` each); the script then sends every
   tensor's value.  The daemon joins the group and answers ``{"state": {...},
   "tensors": 0}`` (a script may now wait for the members it wants live).
+* with ``"memory": "shared"`` in the request, the shadow is shared memory
+  instead (:mod:`.shadows`): the daemon first offers ``{"shadow": {"path",
+  "token", "size"}}`` (or ``{"shadow": None, "why": ...}`` if it could make
+  no file), a file laid out by :func:`learn.tensorset.shadow_layout` of the
+  checked specs (the script sends no size or offset: both sides compute the
+  layout), and the script answers ``{"shadow": true}`` once it mapped it
+  and wrote its values in (the daemon then removes the file: both keep their
+  mappings), or ``{"shadow": false, "why": ...}`` and sends its values as
+  above: the session goes over the socket.  Over shared memory every head
+  below says ``"tensors": 0`` (the script wrote them into the shadow before
+  sending it), and every answer is ``{"state": {...}, "tensors": 0,
+  "changed": bool}``: whether the shadow holds values the script must copy
+  out.  Who touches the shadow when: the script writes it only before a
+  head and reads it only after an answer; the daemon reads and writes it
+  only between a head and its answer, except a state taken from another
+  member in the background (a resync), which writes θ into it at any time
+  and makes the next sync's answer ``replaced`` (the whole shadow rewritten:
+  anything the script wrote or read meanwhile is moot).  A script that
+  breaks the rule (writes during an exchange) makes at worst its own
+  contribution wrong: θ, the momentum and the hash are the daemon's own
+  memory, and what it reads from the shadow is numbers like any upload.
 * DiLoCo: ``{"start": {}}`` before the first inner step: the daemon takes the
   group's state (:meth:`DiLoCo.start`) and answers ``{"state": {...},
   "tensors": n}`` and n tensors: the values the script must hold before its
@@ -32,13 +53,15 @@ bytes, dtype and shape; never pickled; checked by :class:`learn.tensorset.SetDec
   no exchange runs, and the answer carries the state taken (``replaced``).
 * the session ends when the script ends its side, or its connection is
   lost (the script died): the call is cancelled, and the daemon leaves the
-  group (:meth:`Learning.leave`) as a script's node does when it closes.
+  group (:meth:`Learning.leave`) as a script's node does when it closes
+  (a shared shadow's file is gone by then; its mapping goes with the session).
 
 One session per group on a node: a node is one member of a group.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -49,17 +72,21 @@ from learn.compress import encode
 from learn.encoded import CODECS, FLOATING, ITEMSIZE, check_block
 from learn.robust import parse_rule
 from learn.tensors import DTYPES, tensor_view
-from learn.tensorset import SetDecoder, Specs, check_specs
+from learn.tensorset import SetDecoder, Specs, check_specs, shadow_layout
 from learn.wire import Limits, WireError, frames
 
-from ...rpc import InvalidArgument
+from ...rpc import InvalidArgument, RpcError
 from ...rpc.args import field, optional
 from ...service import check_name
+from . import shadows
 from .averager import RULES as GOSSIP_RULES
 from .averager import GossipAverager
 from .diloco import DiLoCo
 
+log = logging.getLogger("meshd.learning")
+
 ALGORITHMS = ("diloco", "gossip")
+MEMORY = ("socket", "shared")  # how a session's tensors cross: frames on the call, or a shared shadow
 
 
 class _Shadow:
@@ -164,12 +191,60 @@ async def _receive(channel, specs: Specs, tensors: dict[str, torch.Tensor], coun
     return sum(math.prod(specs[n][1]) * ITEMSIZE[specs[n][0]] for n in decoder.names)
 
 
+class _SharedShadow:
+    """The shadow's tensors in a file the script maps too (:mod:`.shadows`): views of the
+    daemon's mapping at the places :func:`shadow_layout` gives for the specs, the daemon's
+    own (never the script's) reading of them."""
+
+    def __init__(self, mapping, specs: Specs):
+        places, _ = shadow_layout(specs)
+        base = torch.frombuffer(mapping, dtype=torch.uint8)  # holds the mapping: unmapped when the views go
+        self.tensors = {name: base[at:at + nbytes].view(DTYPES[dtype]).view(shape)
+                        for name, (dtype, shape) in specs.items() for at, nbytes in [places[name]]}
+
+
+async def _share(learning, channel, specs: Specs) -> _SharedShadow | None:
+    """Offer the script a shared shadow for ``specs``; the shadow, once the script says it
+    mapped it and wrote its values in, else None (no file could be made, or the script
+    could not map it: the tensors then come over the socket).  The file is gone when
+    this returns, or raises (the script dropped the call meanwhile)."""
+    _, size = shadow_layout(specs)
+    try:  # in a thread: allocating a large model's pages takes a while (not cancelled midway: see below)
+        path, token, mapping = await trio.to_thread.run_sync(shadows.create, learning.host.data_dir, size)
+    except OSError as exc:
+        log.info("a %d-byte training session goes over the socket: %s", size, exc)
+        await channel.send({"shadow": None, "why": str(exc)})
+        await _reply(channel)
+        return None
+    try:  # a cancellation during the thread lands at the send: the file goes all the same
+        shadow = _SharedShadow(mapping, specs)
+        await channel.send({"shadow": {"path": str(path), "token": token, "size": size}})
+        mapped, why = await _reply(channel)
+    finally:
+        shadows.remove(path)  # mapped by both by now, or never will be: nothing else may open it
+    if mapped:
+        return shadow
+    log.info("a training script could not map its shared shadow (%s): its session goes over the socket", why)
+    return None
+
+
+async def _reply(channel) -> tuple[bool, str]:
+    """The script's answer to a shadow offer: whether it mapped it (and wrote its values), and why not."""
+    try:
+        reply = await channel.receive()
+    except trio.EndOfChannel:
+        raise InvalidArgument("the script ended its side before answering the shared-memory offer") from None
+    mapped = field(reply, "shadow", bool)
+    return mapped, str(optional(reply, "why", str) or "")[:200]
+
+
 class Session:
     """One script's session: its shadow tensors and the algorithm over them."""
 
     def __init__(self, learning, nursery: trio.Nursery, group: str, algorithm: str, specs: Specs,
-                 tensors: dict[str, torch.Tensor], options: dict):
+                 tensors: dict[str, torch.Tensor], options: dict, *, shared: bool = False):
         self.group_name, self.algorithm, self.specs, self.tensors = group, algorithm, specs, tensors
+        self.shared = shared  # the tensors are a shadow the script maps too: no tensor crosses the socket
         self.limits = Limits(max_bytes=learning.config.max_bytes)
         self.opened = time.time()
         self.syncs = 0  # outer syncs (DiLoCo) or rounds (gossip) the script asked for
@@ -201,14 +276,16 @@ class Session:
             key = "sync" if self.algorithm == "diloco" else "step"
             sync = field(head, key, dict)
             count = field(head, "tensors", int)
-            if count != len(self.specs):
-                raise InvalidArgument(f"a {key} sends all {len(self.specs)} tensors, not {count}")
+            if count != (0 if self.shared else len(self.specs)):
+                raise InvalidArgument(f"a {key} sends all {len(self.specs)} tensors, not {count}" if not self.shared
+                                      else f"a {key} of a shared-memory session sends no tensors, not {count}")
             samples = _number(sync, "samples", int, 0, (1 << 63) - 1, 0)
             steps = _number(sync, "steps", int, 1, self.opt.H, None) if self.algorithm == "diloco" else 0
             if steps is None:
                 raise InvalidArgument(f"a sync says how many inner steps (1 to {self.opt.H}) it follows")
             self.syncs += 1
-            self.bytes_in += await _receive(channel, self.specs, self.tensors, count, self.limits)
+            if not self.shared:  # shared: the script wrote them into the shadow before it sent the head
+                self.bytes_in += await _receive(channel, self.specs, self.tensors, count, self.limits)
             if self.algorithm == "gossip":
                 report = await self.opt.step(samples)
                 await self._answer(channel, replaced=False, changed=report.merged > 0, report=[
@@ -241,6 +318,9 @@ class Session:
             self._reports = len(opt.reports)
         else:
             state.update(round=self.group.round, report=report)
+        if self.shared:  # the values are in the shadow already: the script copies them out if changed
+            await channel.send({"state": state, "tensors": 0, "changed": changed})
+            return
         await channel.send({"state": state, "tensors": len(self.tensors) if changed else 0})
         if changed:
             for frame in frames((name, encode(tensor, "none")) for name, tensor in self.tensors.items()):
@@ -248,7 +328,8 @@ class Session:
             self.bytes_out += sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def status(self) -> dict:
-        return {"algorithm": self.algorithm, "opened": self.opened, "syncs": self.syncs,
+        return {"algorithm": self.algorithm, "memory": "shared" if self.shared else "socket",
+                "opened": self.opened, "syncs": self.syncs,
                 "tensors": len(self.specs), "bytes": sum(t.numel() * t.element_size() for t in self.tensors.values()),
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
 
@@ -271,24 +352,38 @@ async def serve_session(learning, channel, ctx) -> None:
         specs = check_specs(arg.get("tensors"), limits, dtypes=FLOATING if algorithm == "diloco" else tuple(DTYPES))
     except (ValueError, WireError) as exc:
         raise InvalidArgument(str(exc)) from None
+    memory = optional(arg, "memory", str) or "socket"
+    if memory not in MEMORY:
+        raise InvalidArgument(f"memory must be one of {', '.join(MEMORY)}, not {memory!r:.40}")
     options = _options(algorithm, arg)
     _not_in(learning, group)
-    tensors = {name: torch.empty(shape, dtype=DTYPES[dtype]) for name, (dtype, shape) in specs.items()}
-    received = await _receive(channel, specs, tensors, len(specs), limits)  # its values: the group may take them
+    shadow = await _share(learning, channel, specs) if memory == "shared" else None
+    if shadow is not None:  # the script wrote its values into it
+        tensors, received = shadow.tensors, 0
+    else:
+        tensors = {name: torch.empty(shape, dtype=DTYPES[dtype]) for name, (dtype, shape) in specs.items()}
+        received = await _receive(channel, specs, tensors, len(specs), limits)  # its values: the group may take them
+    refused: RpcError | None = None
     async with trio.open_nursery() as nursery:
-        _not_in(learning, group)  # nobody joined while they came (nothing awaits from here to the join)
         try:
-            session = Session(learning, nursery, group, algorithm, specs, tensors, options)
-        except BaseException as exc:
-            learning.leave(group)  # in case it got as far as joining
-            if isinstance(exc, ValueError):
-                raise InvalidArgument(str(exc)) from None
-            raise
-        session.bytes_in = received
-        learning.sessions[group] = session
-        try:
-            await session.run(channel)
-        finally:
-            nursery.cancel_scope.cancel()
-            del learning.sessions[group]
-            learning.leave(group)
+            _not_in(learning, group)  # nobody joined while they came (nothing awaits from here to the join)
+            try:
+                session = Session(learning, nursery, group, algorithm, specs, tensors, options,
+                                  shared=shadow is not None)
+            except BaseException as exc:
+                learning.leave(group)  # in case it got as far as joining
+                if isinstance(exc, ValueError):
+                    raise InvalidArgument(str(exc)) from None
+                raise
+            session.bytes_in = received
+            learning.sessions[group] = session
+            try:
+                await session.run(channel)
+            finally:
+                nursery.cancel_scope.cancel()
+                del learning.sessions[group]
+                learning.leave(group)
+        except RpcError as exc:  # the script's error: raised as itself, not in the nursery's group (INTERNAL)
+            refused = exc
+    if refused is not None:
+        raise refused

@@ -3,7 +3,7 @@
 import pytest
 
 from learn.encoded import Encoded
-from learn.tensorset import SetDecoder, check_specs, wire_specs
+from learn.tensorset import SHADOW_ALIGN, SHADOW_HEADER, SetDecoder, check_specs, shadow_layout, wire_specs
 from learn.wire import Limits, WireError, frames
 
 SPECS = [["0.weight", "float32", [2, 3]], ["0.bias", "bfloat16", [3]], ["empty", "float32", [0]]]
@@ -93,3 +93,16 @@ def test_a_tensor_sent_twice_is_refused():
 def test_a_transfer_holds_at_most_the_declared_tensors(count):
     with pytest.raises(WireError, match="0 to 3"):
         SetDecoder(check_specs(SPECS), count, lambda n: memoryview(bytearray()))
+
+
+def test_a_shared_shadow_places_each_tensor_apart_and_aligned_after_the_header():
+    specs = check_specs(SPECS + [["scalar", "float64", []], ["flag", "bool", [3]], ["last", "float16", [5]]])
+    places, size = shadow_layout(specs)
+    assert list(places) == list(specs)  # declared order
+    assert places["0.weight"] == (SHADOW_HEADER, 24) and places["0.bias"] == (SHADOW_HEADER + 64, 6)
+    assert places["empty"] == (SHADOW_HEADER + 128, 0) and places["scalar"] == (SHADOW_HEADER + 128, 8)
+    spans = sorted(places.values())
+    assert all(at % SHADOW_ALIGN == 0 for at, _ in spans)
+    assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))  # no overlap
+    assert size == places["last"][0] + 64 and size >= places["last"][0] + places["last"][1]
+    assert shadow_layout(check_specs([["e", "float32", [0]]])) == ({"e": (SHADOW_HEADER, 0)}, SHADOW_HEADER)
