@@ -10,14 +10,17 @@ the service's defaults); callers are another node.  One table per
 part, each with its comparison from the same run:
 
 * **serving**: one MLP expert (2048-8192-2048) served by a node in its own
-  process under ``--callers`` concurrent callers (another node, this process)
-  sending one row per call for ``--seconds``, with batching on
-  (max_batch 64, max_wait 2 ms) and off (max_batch 1): rows/s and p50/p99
+  process under ``--callers`` concurrent callers (another node, this process,
+  sharing one ``RemoteExpert``) sending one row per call for ``--seconds``,
+  with batching on (max_batch 64, max_wait 2 ms), on with the callers' calls
+  not coalesced (``RemoteExpert(coalesce=False)``: a request per call), and
+  off (max_batch 1): rows/s and p50/p99
   call latency, beside the same module called in this process at batch 64
   and batch 1 (the ceiling), and beside hivemind's ``RemoteExpert`` serving the
   same module to the same callers (``benchmarks/hivemind_expert.py`` under
   ``/tmp/hm-venv``); then 4 such experts on 4 nodes, each request asking all
-  4 at once (an ensemble's fan-out).
+  4 at once (an ensemble's fan-out); then ``--rounds`` rounds of meshd
+  (coalesced, and not) and hivemind back to back, each round's ratios beside.
 * **ddm**: a 2-D mixture of 16 Gaussians on a 4x4 grid; k-means into K = 4
   clusters; one flow-matching expert per cluster on its own node and an MLP
   router r(k | x_t, t) on a fifth; samples by ``DDMEnsemble`` in modes full,
@@ -156,29 +159,46 @@ async def load(experts: list, callers: int, seconds: float) -> tuple[float, list
     return len(latencies) / (trio.current_time() - started), latencies, batches
 
 
-async def serving(args, root: Path) -> list[dict]:
+async def one_expert(args, root: Path, name: str, max_batch: int, coalesce: bool = True) -> dict:
+    """The row of one expert served by a node in its own process (as hivemind's is) under
+    ``args.callers`` callers on another node sharing one RemoteExpert, for ``args.seconds``."""
     from meshd.testing import experts_kit as kit
 
+    server = kit.ExpertSpec("mlp", "mlp", {"width": WIDTH, "seed": 0}, max_batch=max_batch, max_wait_ms=2)
+    async with kit.expert_process(root / "server", [server]) as process:
+        async with meshd.open_node(root / "client", listen="127.0.0.1:0", bootstrap=[process.address]) as client:
+            await client.connect(process.address)
+            expert = mx.RemoteExpert(client, "mlp", coalesce=coalesce)
+            await expert.call(torch.randn(1, WIDTH))  # lookup, connection and max_batch, unmeasured
+            rate, lat, batches = await load([expert], args.callers, args.seconds)
+    return {"part": "serving", "what": f"1 expert in its own process, {args.callers} callers, {name}",
+            "rows/s": rate, "p50 ms": 1000 * pct(lat, 0.5), "p99 ms": 1000 * pct(lat, 0.99),
+            "detail": f"mean batch {statistics.mean(batches):.1f} rows"}
+
+
+def hivemind(args) -> dict:
+    """The row of hivemind's RemoteExpert serving the same module to the same callers."""
+    hm = run_anchor(args.hm_python, Path(__file__).parent / "hivemind_expert.py",
+                    ["--width", str(WIDTH), "--callers", str(args.callers), "--seconds", str(args.seconds)], 300)
+    if "error" in hm:
+        return {"part": "serving", "what": "hivemind RemoteExpert", "detail": hm["error"][:150]}
+    return {"part": "serving", "what": f"hivemind RemoteExpert, {args.callers} callers, max_batch 64",
+            "rows/s": hm["rows_per_s"], "p50 ms": hm["p50_ms"], "p99 ms": hm["p99_ms"],
+            "detail": f"hivemind 1.1.12, server and caller in 2 processes (+ p2pd), own netns; "
+                      f"{hm['error_count']} errors"}
+
+
+async def serving(args, root: Path) -> list[dict]:
     torch.set_num_threads(1)
     module, rows = mlp(0), []
     for batch in (64, 1):
         rate = in_process_rate(module, batch, args.seconds / 2)
         rows.append({"part": "serving", "what": f"in process, batch {batch} (ceiling)", "rows/s": rate})
     results = {}
-    for name, max_batch in (("batching on", 64), ("batching off", 1)):
-        data = root / name.replace(" ", "-")
-        server = kit.ExpertSpec("mlp", "mlp", {"width": WIDTH, "seed": 0}, max_batch=max_batch, max_wait_ms=2)
-        async with kit.expert_process(data / "server", [server]) as process:  # its own process, as hivemind's is
-            async with meshd.open_node(data / "client", listen="127.0.0.1:0", bootstrap=[process.address]) as client:
-                await client.connect(process.address)
-                expert = mx.RemoteExpert(client, "mlp")
-                await expert.call(torch.randn(1, WIDTH))  # lookup and connection, unmeasured
-                rate, lat, batches = await load([expert], args.callers, args.seconds)
-        results[name] = rate
-        rows.append({"part": "serving", "what": f"1 expert in its own process, {args.callers} callers, {name}",
-                     "rows/s": rate,
-                     "p50 ms": 1000 * pct(lat, 0.5), "p99 ms": 1000 * pct(lat, 0.99),
-                     "detail": f"mean batch {statistics.mean(batches):.1f} rows"})
+    for name, max_batch, coalesce in (("batching on", 64, True), ("batching on, calls not coalesced", 64, False),
+                                      ("batching off", 1, True)):
+        rows.append(await one_expert(args, root / name.replace(" ", "-").replace(",", ""), name, max_batch, coalesce))
+        results[name] = rows[-1]["rows/s"]
     async with AsyncExitStack() as stack:
         nodes = await open_nodes(stack, root / "ensemble", 5)
         for i, node in enumerate(nodes[:4]):
@@ -190,20 +210,22 @@ async def serving(args, root: Path) -> list[dict]:
     rows.append({"part": "serving", "what": f"4 experts on 4 nodes, {args.callers} callers asking all 4",
                  "rows/s": rate, "p50 ms": 1000 * pct(lat, 0.5), "p99 ms": 1000 * pct(lat, 0.99),
                  "detail": f"requests/s of the 4-way fan-out; mean batch {statistics.mean(batches):.1f}"})
-    hm = run_anchor(args.hm_python, Path(__file__).parent / "hivemind_expert.py",
-                    ["--width", str(WIDTH), "--callers", str(args.callers), "--seconds", str(args.seconds)], 300)
-    if "error" in hm:
-        rows.append({"part": "serving", "what": "hivemind RemoteExpert", "detail": hm["error"][:150]})
-    else:
-        rows.append({"part": "serving", "what": f"hivemind RemoteExpert, {args.callers} callers, max_batch 64",
-                     "rows/s": hm["rows_per_s"], "p50 ms": hm["p50_ms"], "p99 ms": hm["p99_ms"],
-                     "detail": f"hivemind 1.1.12, server and caller in 2 processes (+ p2pd), own netns; "
-                               f"{hm['error_count']} errors"})
+    rows.append(hivemind(args))
     ratio = results["batching on"] / results["batching off"]
-    versus = f"; batching on / hivemind {results['batching on'] / hm['rows_per_s']:.1f}x (target >= 2x)" \
-        if "rows_per_s" in hm else ""
+    versus = f"; batching on / hivemind {results['batching on'] / rows[-1]['rows/s']:.1f}x (target >= 2x)" \
+        if "rows/s" in rows[-1] else ""
     rows.append({"part": "serving", "what": "targets", "rows/s": None,
                  "detail": f"batching on / off {ratio:.1f}x (target >= 3x){versus}"})
+    for i in range(args.rounds):  # back to back, so that both see the same load of a shared machine
+        coalesced = await one_expert(args, root / f"round-{i}", "batching on", 64)
+        alone = await one_expert(args, root / f"round-{i}-alone", "batching on, calls not coalesced", 64, False)
+        anchor = hivemind(args)
+        for row in (coalesced, alone, anchor):
+            row["what"] = f"round {i + 1}: {row['what']}"
+        versus = f"; batching on / hivemind {coalesced['rows/s'] / anchor['rows/s']:.1f}x" if "rows/s" in anchor else ""
+        rows += [coalesced, alone, anchor]
+        rows.append({"part": "serving", "what": f"round {i + 1}: ratio", "rows/s": None,
+                     "detail": f"coalesced / not {coalesced['rows/s'] / alone['rows/s']:.1f}x{versus}"})
     return rows
 
 
@@ -748,6 +770,9 @@ def main() -> int:
                         + "; ".join(f"{g} = {','.join(p)}" for g, p in GROUPS.items()))
     parser.add_argument("--callers", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="serving: then this many rounds of meshd (calls coalesced, and not) and hivemind, "
+                             "back to back (a shared machine's load changes within a run)")
     parser.add_argument("--hm-python", default="/tmp/hm-venv/bin/python", help="hivemind's venv (../shared/anchors/setup)")
     parser.add_argument("--samples", type=int, default=2000,
                         help="DDM samples per mode (and the grid's held-out points), on the grid and the digits")

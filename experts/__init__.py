@@ -8,6 +8,8 @@ bookkeeping, no sockets, no clock (time comes in as ``now``).
   flow-matching experts (full, top-1, top-k, uniform), combining the
   velocities of the experts that answered, and the flow-matching helpers;
 * :mod:`experts.batching`: dynamic batching of requests by size and waiting time;
+* :mod:`experts.coalescing`: a client's concurrent calls to one expert gathered
+  into fewer requests;
 * :mod:`experts.servers`: which of the peers serving one expert to ask first,
   back-off after failures, and how long to wait before hedging.
 

@@ -1,7 +1,9 @@
 """Experts served by in-process meshd nodes and called over real QUIC on loopback.
 
 A served module answers remote calls with the values it gives in process,
-batching concurrent calls; bad calls get clear errors and cost nothing
+batching concurrent calls; a caller coalesces its concurrent calls into
+fewer requests, each caller getting its own rows, or the request's error;
+bad calls get clear errors and cost nothing
 else; a caller hedges a slow server and fails over from a gone one; the
 HDEE and DDM ensembles over the mesh give what the same mixing gives in one
 process, and leave out an expert that dies.
@@ -17,6 +19,7 @@ from contextlib import AsyncExitStack
 import pytest
 import torch
 import trio
+import trio.testing
 
 import meshd
 from meshnodes import open_nodes
@@ -24,21 +27,28 @@ import meshd.experts as mx
 from experts import ddm, hdee
 from meshd import Config
 from meshd.rpc import DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, RpcError
+from meshd.services.experts.remote import COALESCE_DEPTH
 
 
 class Counting(torch.nn.Module):
-    """A linear layer that counts its forward calls (and can be made slow or broken)."""
+    """A linear layer that counts its forward calls and the rows of each (and can be made
+    slow, held at a gate, or broken)."""
 
     def __init__(self, seed: int = 0, delay: float = 0.0):
         super().__init__()
         torch.manual_seed(seed)
         self.linear = torch.nn.Linear(4, 3)
         self.forwards, self.delay, self.broken = 0, delay, False
+        self.rows: list[int] = []
         self.started = threading.Event()
+        self.gate = threading.Event()  # cleared: a forward waits (up to 10 s) until it is set
+        self.gate.set()
 
     def forward(self, x):
         self.forwards += 1
+        self.rows.append(len(x))
         self.started.set()
+        self.gate.wait(10)
         if self.broken:
             raise RuntimeError("the module broke")
         if self.delay:
@@ -69,7 +79,7 @@ async def test_a_remote_expert_answers_as_the_module_does_and_batches_concurrent
         a, b = await open_nodes(stack, tmp_path, 2)
         module = Counting()
         await mx.serve(a, module, expert_id="lin", max_batch=8, max_wait_ms=200)
-        expert = mx.RemoteExpert(b, "lin")
+        expert = mx.RemoteExpert(b, "lin", coalesce=False)  # a request per call: the server batches them
         x = torch.randn(16, 4)
         answers = [None] * 16
         async with trio.open_nursery() as nursery:
@@ -82,6 +92,129 @@ async def test_a_remote_expert_answers_as_the_module_does_and_batches_concurrent
         assert module.forwards < 16 and max(ans.batch for ans in answers) > 1  # calls shared batches
         served = a.service("experts").served["lin"]
         assert served.batches == module.forwards and served.rows == 16 and served.calls == 16
+
+
+async def _call_all(expert, xs: list) -> dict:
+    """``expert.call(x)`` for every x of ``xs``, all at once: {i: its Answer, or its ExpertUnavailable}."""
+    outcomes = {}
+
+    async def one(i: int) -> None:
+        try:
+            outcomes[i] = await expert.call(xs[i])
+        except mx.ExpertUnavailable as exc:
+            outcomes[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(xs)):
+            nursery.start_soon(one, i)
+    return outcomes
+
+
+async def _coalescing(stack, tmp_path, max_batch: int) -> tuple:
+    """Node a serving ``lin`` (a Counting) with ``max_batch``, and node b's RemoteExpert of it
+    after one call (so it knows the server and its max_batch): (module, served, expert)."""
+    a, b = await open_nodes(stack, tmp_path, 2)
+    module = Counting()
+    served = await mx.serve(a, module, expert_id="lin", max_batch=max_batch, max_wait_ms=0)
+    expert = mx.RemoteExpert(b, "lin")
+    await expert.call(torch.randn(1, 4))
+    return module, served, expert
+
+
+async def test_concurrent_calls_from_one_node_share_requests_and_each_caller_gets_its_own_rows(tmp_path):
+    async with AsyncExitStack() as stack:
+        module, served, expert = await _coalescing(stack, tmp_path, max_batch=64)
+        xs = [torch.randn(1 + i % 3, 4) for i in range(24)]  # 1 to 3 rows a call
+        answers = await _call_all(expert, xs)
+        for i, x in enumerate(xs):
+            assert torch.allclose(answers[i].outputs[0], module.linear(x).detach(), atol=1e-6)
+        assert served.calls == 1 + 1 and served.rows == 1 + sum(len(x) for x in xs)  # made at once: one request
+
+        module.gate.clear()  # the module holds the first request
+        xs, answers = torch.randn(COALESCE_DEPTH + 1, 8, 4), {}
+
+        async def one(k: int, i: int) -> None:
+            answers[k, i] = await expert.call(xs[k, i:i + 1])
+
+        async with trio.open_nursery() as nursery:
+            for k in range(COALESCE_DEPTH + 1):  # 8 calls at a time: a request each while the
+                for i in range(8):  # depth allows, then 8 that wait for one to come back
+                    nursery.start_soon(one, k, i)
+                await trio.testing.wait_all_tasks_blocked()
+            module.gate.set()
+        for (k, i), answer in answers.items():
+            assert torch.allclose(answer.outputs[0], module.linear(xs[k, i:i + 1]).detach(), atol=1e-6)
+        assert len(answers) == xs.shape[0] * 8 and served.calls == 2 + COALESCE_DEPTH + 1
+
+
+async def test_a_coalesced_request_carries_no_more_rows_than_the_servers_max_batch(tmp_path):
+    async with AsyncExitStack() as stack:
+        module, served, expert = await _coalescing(stack, tmp_path, max_batch=4)
+        xs = list(torch.randn(16, 1, 4))
+        answers = await _call_all(expert, xs)
+        for i, x in enumerate(xs):
+            assert torch.allclose(answers[i].outputs[0], module.linear(x).detach(), atol=1e-6)
+        assert max(module.rows) <= 4  # a larger request would have run as a batch of its own
+        assert served.calls == 1 + 16 // 4
+
+
+async def test_an_error_in_a_coalesced_request_reaches_every_caller_in_it(tmp_path):
+    async with AsyncExitStack() as stack:
+        module, served, expert = await _coalescing(stack, tmp_path, max_batch=64)
+        module.broken = True
+        outcomes = await _call_all(expert, list(torch.randn(8, 1, 4)))
+        assert len(outcomes) == 8 and served.failed == 1  # one request failed, and every caller heard why
+        assert all(isinstance(o, mx.ExpertUnavailable) and "the module broke" in str(o) for o in outcomes.values())
+
+
+async def test_a_timeout_reaches_every_caller_whether_its_call_was_sent_or_waited(tmp_path):
+    async with AsyncExitStack() as stack:
+        module, served, expert = await _coalescing(stack, tmp_path, max_batch=64)
+        expert.timeout = 0.5
+        module.gate.clear()  # the module holds the first request: nothing answers
+        outcomes = {}
+
+        async def one(k: int, i: int) -> None:
+            try:
+                await expert.call(torch.randn(1, 4))
+            except mx.ExpertUnavailable as exc:
+                outcomes[k, i] = str(exc)
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                for k in range(COALESCE_DEPTH + 1):  # requests in flight, then calls that wait for one
+                    for i in range(4):
+                        nursery.start_soon(one, k, i)
+                    await trio.testing.wait_all_tasks_blocked()
+        module.gate.set()
+        assert len(outcomes) == 4 * (COALESCE_DEPTH + 1)  # every caller heard, within the 5 s
+        # those sent timed out; those that waited were sent then, to a server backing off for that
+        assert all("no answer within 0.5 s" in o for (k, _), o in outcomes.items() if k < COALESCE_DEPTH)
+
+
+async def test_a_caller_that_leaves_a_coalesced_request_costs_the_others_nothing(tmp_path):
+    async with AsyncExitStack() as stack:
+        module, served, expert = await _coalescing(stack, tmp_path, max_batch=3)
+        module.gate.clear()
+        xs, answers, scopes = torch.randn(4, 4), {}, [trio.CancelScope() for _ in range(4)]
+
+        async def one(i: int) -> None:
+            with scopes[i]:
+                answers[i] = await expert.call(xs[i:i + 1])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, 0)  # the module holds it
+            await trio.testing.wait_all_tasks_blocked()
+            for i in (1, 2, 3):  # one request of 3 rows
+                nursery.start_soon(one, i)
+            await trio.testing.wait_all_tasks_blocked()
+            scopes[2].cancel()  # one of them leaves; the others still wait for it
+            await trio.testing.wait_all_tasks_blocked()
+            module.gate.set()
+        assert sorted(answers) == [0, 1, 3]
+        for i, answer in answers.items():
+            assert torch.allclose(answer.outputs[0], module.linear(xs[i:i + 1]).detach(), atol=1e-6)
+        assert answers[1].batch == 3 and served.rows == 1 + 4  # the request went on, with the row of 2
 
 
 async def test_bad_calls_get_clear_errors_and_the_expert_serves_on(tmp_path):

@@ -3,10 +3,11 @@
 :class:`Experts` (:mod:`.service`) serves a node's experts (:mod:`.served`:
 queued, batched calls) and finds and calls others'; :class:`RemoteExpert`
 (:mod:`.remote`) picks among an expert's servers by measured latency, hedges
-and retries; :class:`HDEEEnsemble` and :class:`DDMEnsemble`
-(:mod:`.ensembles`) mix experts; :mod:`.loading` builds a module from a
-factory and a weights file for ``meshctl experts serve`` (torch only then).
-The mixing math is :mod:`experts`.
+and retries, and sends concurrent calls as fewer requests;
+:class:`HDEEEnsemble` and :class:`DDMEnsemble` (:mod:`.ensembles`) mix
+experts; :mod:`.loading` builds a module from a factory and a weights file for
+``meshctl experts serve`` (torch only then). The mixing math is
+:mod:`experts`.
 """
 
 from .config import ExpertsSection

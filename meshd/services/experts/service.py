@@ -5,9 +5,12 @@ An expert is a torch module with an id (``"code-small"``), a kind (``lm``,
 serves one (:meth:`Experts.serve`) provides ``b"/expert/" + id`` in the DHT
 and answers two peer methods:
 
-* ``experts.call`` ``{"expert", "op", "inputs"}`` → ``{"outputs", "batch"}``:
-  tensors in and out as ``{"dtype", "shape", "data"}`` maps (:mod:`.tensors`),
-  the call batched with others (:mod:`.served`);
+* ``experts.call`` ``{"expert", "op", "inputs"}`` → ``{"outputs", "batch",
+  "max_batch"}``: tensors in and out as ``{"dtype", "shape", "data"}`` maps
+  (:mod:`.tensors`), every output with the call's rows first, the call
+  batched with others (:mod:`.served`; ``batch``: the rows of the batch it
+  ran in, ``max_batch``: the rows a batch holds, so a caller knows how many
+  rows of its own calls one request may carry);
 * ``experts.info`` ``{"expert"}`` → what the expert is (kind, domain,
   parameters, model id) and how loaded its server is.
 
@@ -38,7 +41,7 @@ from experts.servers import Servers
 from ...identity import PeerId
 from ...registry import catch_up, open_registry
 from ...rpc import InvalidArgument, NotFound, RpcError
-from ...rpc.args import field
+from ...rpc.args import field, optional
 from ...service import Documents, Host, Providers, Replica, check_name
 from .config import ExpertsSection
 from .control import control_methods
@@ -73,6 +76,7 @@ class Experts:
         self.served: dict[str, Served] = {}
         self.measured: dict[str, Servers] = {}  # expert -> latency and failures of each server (peer id text)
         #                                         this node's calls met, whoever made them (for listings)
+        self._max_batch: dict[str, int | None] = {}  # expert -> the max_batch the last answer to a call named
         self._scopes: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._unwritten: str | None = None  # why the last registry write failed (warned once), or None
@@ -222,7 +226,7 @@ class Experts:
                            max_bytes=config.max_request_bytes)
         peer = ctx.peer.key if isinstance(ctx.peer, PeerId) else b""
         outputs, batch = await served.call(peer, op, inputs, timeout=config.call_timeout)
-        return {"outputs": to_wire(outputs), "batch": batch}
+        return {"outputs": to_wire(outputs), "batch": batch, "max_batch": served.max_batch}
 
     async def _serve_info(self, arg, ctx) -> dict:
         served = self._served(arg)
@@ -244,9 +248,12 @@ class Experts:
     async def call(self, peer: PeerId, expert_id: str, op: str, inputs: list, *,
                    timeout: float | None = None) -> tuple[list, int]:
         """``peer``'s answer for ``inputs`` to expert ``expert_id`` (op ``op``):
-        the output tensors and the rows of the batch they ran in.  Raises the
-        peer's RpcError (NotFound: it does not serve that expert), or
-        trio.TooSlowError past ``timeout`` (default ``call_timeout``).  Each call's latency
+        the output tensors, each with the inputs' rows first, and the rows of the
+        batch they ran in.  Raises the peer's RpcError (NotFound: it does not
+        serve that expert; InvalidArgument: a malformed reply, or outputs without
+        the inputs' rows), or trio.TooSlowError past ``timeout`` (default
+        ``call_timeout``).  What the answer says of the server's ``max_batch`` is
+        kept for :meth:`max_batch`.  Each call's latency
         or failure is kept in :attr:`measured` (what ``experts.ls`` shows); one the caller
         cut off counts as failed only past ``CUT_OFF_MIN`` and ``CUT_OFF_FACTOR`` × the
         server's EWMA (a hedge that lost is not the server's fault)."""
@@ -265,6 +272,11 @@ class Experts:
         stats.observe(str(peer), trio.current_time() - started, True, trio.current_time())
         return answer
 
+    def max_batch(self, expert_id: str) -> int | None:
+        """The most rows a batch of ``expert_id`` holds, as the server of the last answer
+        to a call of it said (None before one did, or if it did not say)."""
+        return self._max_batch.get(expert_id)
+
     async def _call(self, peer: PeerId, expert_id: str, op: str, inputs: list, timeout: float | None):
         timeout = self.config.call_timeout if timeout is None else timeout
         if peer.key == self.host.peer_id.key:
@@ -272,16 +284,24 @@ class Experts:
             if served is None:
                 raise NotFound(f"expert {expert_id!r} is not served here")
             with trio.fail_after(timeout):
-                return await served.call(peer.key, op, list(inputs), timeout=timeout)
+                answer = await served.call(peer.key, op, list(inputs), timeout=timeout)
+            self._max_batch[expert_id] = served.max_batch
+            return answer
         with trio.fail_after(timeout):
             reply = await self.host.rpc.call(peer, "experts.call",
                                              {"expert": expert_id, "op": op, "inputs": to_wire(inputs)},
                                              timeout=timeout)
         outputs = from_wire(field(reply, "outputs", list), max_tensors=self.config.max_tensors,
                             max_bytes=self.config.max_request_bytes)
-        batch = reply.get("batch") if isinstance(reply, dict) else None
+        batch, max_batch = reply.get("batch"), optional(reply, "max_batch", int)
         if type(batch) is not int:
             raise InvalidArgument("a reply names the rows of its batch")
+        if max_batch is not None and max_batch < 1:
+            raise InvalidArgument("a reply's max_batch is at least 1 row")
+        rows = int(inputs[0].shape[0]) if inputs and inputs[0].dim() else None
+        if rows is not None and any(o.dim() == 0 or o.shape[0] != rows for o in outputs):
+            raise InvalidArgument(f"every output of a reply has the call's {rows} rows first")
+        self._max_batch[expert_id] = max_batch
         return outputs, batch
 
     async def info(self, peer: PeerId, expert_id: str, *, timeout: float = 5.0) -> dict:
