@@ -59,6 +59,7 @@ BENCHES = [
     Bench("learning_islands", "learning_islands.py", quick=["--steps", "100"]),
     Bench("learning_sim", "learning_sim.py", quick=["--quick"]),
     Bench("learning_throughput", "learning_throughput.py", quick=["--mib", "32", "--syncs", "1", "--skip", "hivemind"]),
+    Bench("learning_client", "learning_client.py", quick=["--mib", "16", "--syncs", "2"]),
     Bench("experts", "experts.py", quick=["--quick"], json=True),
     Bench("metrics", "metrics.py", quick=["--calls", "200", "--rounds", "2"]),
     Bench("abuse", "abuse.py", quick=["--quiet", "2", "--attack", "2", "--only", "garbage,call_flood"]),

@@ -5,7 +5,7 @@
 Every member is a meshd node of its own (in this one process, talking real QUIC
 over 127.0.0.1 through the DHT, hellos and signed tensor exchanges); the data
 is scikit-learn's bundled digits (8x8 images, 10 classes; 1,437 to train, 360
-to test), the model a 64-128-10 MLP.  In the same run:
+to test), the model a 64-128-10 MLP (gossip: see 2).  In the same run:
 
 1. DiLoCo, ``--members`` members, ``--steps`` inner steps of AdamW each:
    H in {1, 10, 50, 100} and H = 50 with int4 pseudo-gradients on an IID
@@ -32,7 +32,13 @@ to test), the model a 64-128-10 MLP.  In the same run:
    averaging of independent inits causes); then issue 12's targets checked.
    Local SGD: lr 0.1, momentum 0.5, batch 8 (tuned: with the first
    benchmark's batch 32 and no momentum even FedAvg ends at 0.92 after 30
-   rounds of 16 members, each holding 90 images).
+   rounds of 16 members, each holding 90 images).  The model
+   (``--gossip-model``) is by default ``deep``, a 64-128-128-128-10 tanh MLP
+   with torch's default init (``learnkit.gossip_deep_mlp``): deep enough that
+   plain ``mean`` stalls near chance for about 10 rounds while
+   ``variance_corrected`` keeps up with FedAvg (``benchmarks/gossip_depth_sim.py``
+   chose it); ``mlp`` is the 64-128-10 ReLU MLP, on which ``mean`` recovers
+   by round 10.
 
 ``--parts`` runs one part only; ``--json FILE`` also writes the rows and the gossip
 accuracy curves (``benchmarks/all.py`` plots them).  The members use the service's default
@@ -59,12 +65,17 @@ sys.path[:1] = [str(_HERE.parent)]  # the repo, not this folder (benchmarks/nat.
 sys.path.append(str(_HERE))
 import meshd.learning as ml  # noqa: E402
 from learnkit import (GROUP, SERVICE_TIMINGS, accuracy, data_parallel, digits, diloco_run,  # noqa: E402
-                      local_epochs, mlp, model_bytes, open_members, split_classes, split_iid, wait_group)
+                      gossip_deep_mlp, local_epochs, mlp, model_bytes, open_members, split_classes, split_iid,
+                      wait_group)
 
 # --- DiLoCo ---------------------------------------------------------------------------------------
 
 
 # --- gossip ------------------------------------------------------------------------------------------
+
+# ``--gossip-model``: (constructor from a seed, what the tables call it)
+GOSSIP_MODELS = {"deep": (gossip_deep_mlp, "MLP 64-128-128-128-10, tanh"),
+                 "mlp": (mlp, "MLP 64-128-10, ReLU")}
 
 
 def _sgd(model, args) -> torch.optim.Optimizer:
@@ -77,14 +88,15 @@ def _w1_std(model) -> float:
 
 def fedavg(data, x_test, y_test, args) -> list[float]:
     """FedAvg computed centrally: every member starts each round from the common model
-    (mlp(0)), takes the same local epochs as a gossip member, and the round's result is
+    (the ``--gossip-model`` from seed 0), takes the same local epochs as a gossip member, and the round's result is
     the plain mean of all members' models."""
-    global_model = mlp(0)
+    make = GOSSIP_MODELS[args.gossip_model][0]
+    global_model = make(0)
     out = []
     for r in range(args.rounds):
         states = []
         for m, (x, y) in enumerate(data):
-            local = mlp(0)
+            local = make(0)
             local.load_state_dict(global_model.state_dict())
             local_epochs(local, _sgd(local, args), x, y, args.epochs, r * 100 + m, batch=args.batch)
             states.append(local.state_dict())
@@ -102,7 +114,7 @@ async def gossip_run(root: Path, data, x_test, y_test, rule: str, args) -> dict:
     members = len(data)
     async with AsyncExitStack() as stack:
         nodes = await open_members(stack, root, members, **SERVICE_TIMINGS)
-        models = [mlp(100 + m) for m in range(members)]  # each its own init
+        models = [GOSSIP_MODELS[args.gossip_model][0](100 + m) for m in range(members)]  # each its own init
         init_std = sum(_w1_std(m) for m in models) / members
         avgs = [ml.GossipAverager(node, model, group=GROUP, rule=rule, partners=args.partners, seed=m)
                 for m, (node, model) in enumerate(zip(nodes, models))]
@@ -160,7 +172,8 @@ async def gossip_tables(console: Console, tmp: Path, x, y, x_test, y_test, args)
     results = {}
     for s, (split, data) in enumerate(splits):
         what = "IID split" if split == "IID" else "non-IID split (2 classes per member)"
-        table = Table(title=f"Gossip, {what}: {n} members, own random inits, each round {args.epochs} local "
+        table = Table(title=f"Gossip, {what}, {GOSSIP_MODELS[args.gossip_model][1]}: {n} members, own random "
+                            f"inits, each round {args.epochs} local "
                             f"epochs (SGD lr {args.lr}, momentum {args.momentum}, batch {args.batch}) then a pull "
                             f"from {args.partners} random partners; mean test accuracy of the members",
                       title_justify="left")
@@ -181,7 +194,7 @@ async def gossip_tables(console: Console, tmp: Path, x, y, x_test, y_test, args)
         console.print(table)
     console.print(timing)
     _gossip_targets(console, results, args)
-    return [{"split": split, "rule": rule, "acc": res["acc"], "fedavg": central}
+    return [{"split": split, "rule": rule, "model": args.gossip_model, "acc": res["acc"], "fedavg": central}
             for (split, rule), (res, central) in results.items()]
 
 
@@ -201,7 +214,8 @@ def _gossip_targets(console: Console, results: dict, args) -> None:
         ("exchange <= 2 s per round (slowest member, median round)",
          f"{max(_median(s) for s in steps):.2f} s", max(_median(s) for s in steps) <= 2.0),
     ]
-    table = Table(title=f"Gossip targets (issue 12), IID, {args.gossip_members} members", title_justify="left")
+    table = Table(title=f"Gossip targets (issue 12), IID, {args.gossip_members} members, "
+                        f"{GOSSIP_MODELS[args.gossip_model][1]}", title_justify="left")
     for col in ("target", "measured", "met"):
         table.add_column(col)
     for label, value, met in rows:
@@ -292,6 +306,8 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=600, help="DiLoCo inner steps per member")
     parser.add_argument("--json", metavar="FILE", help="also write every row and accuracy curve as JSON")
     gossip = parser.add_argument_group("gossip")
+    gossip.add_argument("--gossip-model", choices=sorted(GOSSIP_MODELS), default="deep",
+                        help="deep: 64-128-128-128-10 tanh MLP; mlp: the 64-128-10 ReLU one")
     gossip.add_argument("--gossip-members", type=int, default=16)
     gossip.add_argument("--rounds", type=int, default=30)
     gossip.add_argument("--partners", type=int, default=4)

@@ -18,8 +18,8 @@ from meshd.services.learning import LearningSection
 from meshd.testing.digits import BATCH, accuracy, batches, digits, mlp, model_bytes, split_iid
 
 __all__ = ["BATCH", "GROUP", "SERVICE_TIMINGS", "accuracy", "batches", "config", "data_parallel", "digits",
-           "diloco_run", "local_epochs", "mlp", "model_bytes", "open_members", "split_classes", "split_iid",
-           "train_diloco", "wait_group"]
+           "diloco_run", "gossip_deep_mlp", "local_epochs", "mlp", "model_bytes", "open_members", "split_classes",
+           "split_iid", "train_diloco", "wait_group"]
 
 GROUP = "bench"
 
@@ -95,6 +95,15 @@ def split_classes(x, y, members: int, per_member: int = 2):
         for i, m in enumerate(holders):
             parts[m].append(idx[i::len(holders)])
     return [(x[torch.cat(p)], y[torch.cat(p)]) for p in parts]
+
+
+def gossip_deep_mlp(seed: int) -> torch.nn.Module:
+    """A 64-128-128-128-10 tanh MLP (torch's default init), initialized from ``seed``: the
+    gossip benchmark's model, deep enough that plain ``mean`` of independent inits stalls
+    (the "vanishing variance"; ``benchmarks/gossip_depth_sim.py`` chose it)."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(), torch.nn.Linear(128, 128), torch.nn.Tanh(),
+                               torch.nn.Linear(128, 128), torch.nn.Tanh(), torch.nn.Linear(128, 10))
 
 
 def local_epochs(model, opt, x, y, epochs: int, seed: int, batch: int = BATCH) -> None:
