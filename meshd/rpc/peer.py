@@ -27,6 +27,12 @@ class RpcConfig:
     first_frame_timeout: float = field(default=10.0, metadata={"above": 0, "max": 3600.0})
     # seconds a served call may run at most, whatever deadline its caller sent
     max_call_timeout: float = field(default=3600.0, metadata={"above": 0, "max": 86400.0})
+    # calls running at once from which the node is busy: then a peer running peer_share or more
+    # waits its turn, the peer with fewest calls in flight first (rpc/fair.py)
+    busy_calls: int = field(default=32, metadata={"min": 1, "max": 1 << 20})
+    # calls each peer may run at once however busy the node is (16: a relay's circuits to one
+    # target, at most relay.max_circuits, never wait)
+    peer_share: int = field(default=16, metadata={"min": 1, "max": 1 << 20})
 
 
 class _Connection(Protocol):
@@ -47,6 +53,7 @@ class PeerRpc:
         self.server = RpcServer(
             max_frame=config.max_frame, max_calls_per_peer=config.max_calls_per_peer,
             first_frame_timeout=config.first_frame_timeout, max_call_timeout=config.max_call_timeout,
+            busy_calls=config.busy_calls, peer_share=config.peer_share,
         )
         self._observer: CallTable | None = None
 

@@ -11,14 +11,20 @@ Handlers take ``(arg, ctx)``:
 
 A handler rejects bad input by raising :class:`InvalidArgument` (or another
 RpcError); every other exception is reported to the caller as INTERNAL.
+
+Once the node is busy, a call may first wait for its turn (:class:`FairShare`:
+a peer then runs at most its share, and the peer with fewest calls in flight
+goes first), before its request is read, so QUIC flow control holds the
+peer's bytes back meanwhile.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import math
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Hashable
+from typing import Any, AsyncIterator, Callable
 
 import trio
 
@@ -36,6 +42,7 @@ from .errors import (
     UnknownMethod,
 )
 from .channel import Channel
+from .fair import FairShare
 from .framed import Framed
 from .stats import OK, CallTable, CountingStream, outcome
 
@@ -71,16 +78,23 @@ class RpcServer:
         first_frame_timeout: float = 10.0,
         max_call_timeout: float = 3600.0,
         explain_unknown: Callable[[str], RpcError | None] | None = None,
+        busy_calls: float = math.inf,
+        peer_share: int = 1,
     ):
         """``explain_unknown(name)`` may give the error for a method not
-        registered (say, of a service that is off); UNKNOWN_METHOD otherwise."""
+        registered (say, of a service that is off); UNKNOWN_METHOD otherwise.
+
+        From ``busy_calls`` calls running in all, a peer that runs
+        ``peer_share`` or more waits its turn (:class:`FairShare`); by default
+        no call waits.
+        """
         self.max_frame = max_frame
         self.max_calls_per_peer = max_calls_per_peer
         self.first_frame_timeout = first_frame_timeout
         self.max_call_timeout = max_call_timeout
         self._explain_unknown = explain_unknown
         self._methods: dict[str, _Method] = {}
-        self._active: dict[Hashable, int] = {}  # calls running, per peer
+        self._turns: FairShare[trio.Event] = FairShare(busy_calls, peer_share)
         self.observer: CallTable | None = None  # counts each call that reached its handler, once set
 
     def register(self, name: str, handler: Callable, *, kind: str | None = None) -> None:
@@ -104,27 +118,71 @@ class RpcServer:
     def methods(self) -> list[str]:
         return sorted(self._methods)
 
+    @property
+    def calls_waiting(self) -> int:
+        """Calls waiting for their turn."""
+        return self._turns.waiting
+
     async def serve_call(self, stream: CallStream, peer: Any, info: dict | None = None) -> None:
-        """Run the call that arrives on ``stream`` to completion.
+        """Run the call that arrives on ``stream`` to completion, once it is its turn.
 
         Never raises for anything the peer did: bad frames, unknown methods,
         over-limit calls, deadlines and handler failures become ERROR replies;
-        a peer that resets or drops the stream cancels the handler.
+        a peer that resets or drops the stream cancels the handler, or the
+        wait for its turn.
         """
-        observer = self.observer
-        if observer is not None:
-            stream = CountingStream(stream)
-        framed = Framed(stream, self.max_frame)
+        if not await self._turn(stream, peer):
+            return
         try:
-            await self._serve(framed, peer, info or {}, observer)
-        except StreamAborted:
+            observer = self.observer
+            if observer is not None:
+                stream = CountingStream(stream)
+            framed = Framed(stream, self.max_frame)
+            try:
+                await self._serve(framed, peer, info or {}, observer)
+            except StreamAborted:
+                stream.abort()
+            except RpcError as exc:
+                await self._send_error(framed, exc)
+            except FrameTooLarge as exc:
+                await self._send_error(framed, FrameTooLargeError(str(exc)))
+            except FrameError as exc:
+                await self._send_error(framed, ProtocolViolation(str(exc)))
+        finally:
+            self._end(peer)
+
+    async def _turn(self, stream: CallStream, peer: Any) -> bool:
+        """Wait until a call of ``peer`` may start, and count it as running: True.
+
+        False (the stream aborted, nothing counted) if the peer abandoned the
+        stream first.
+        """
+        turns = self._turns
+        if turns.try_start(peer):
+            return True
+        turn = trio.Event()
+        turns.wait(peer, turn)
+        with trio.CancelScope() as abandoned:
+            stream.cancel_on_abort(abandoned)
+            try:
+                await turn.wait()
+            except BaseException:
+                if turn.is_set():  # its turn came as it was cancelled
+                    self._end(peer)
+                else:
+                    turns.leave(peer, turn)
+                raise
+            finally:
+                stream.cancel_on_abort(None)
+        if abandoned.cancelled_caught:
             stream.abort()
-        except RpcError as exc:
-            await self._send_error(framed, exc)
-        except FrameTooLarge as exc:
-            await self._send_error(framed, FrameTooLargeError(str(exc)))
-        except FrameError as exc:
-            await self._send_error(framed, ProtocolViolation(str(exc)))
+            return False
+        return True
+
+    def _end(self, peer: Any) -> None:
+        """A call of ``peer`` is over: start the waiting calls whose turn it is."""
+        for turn in self._turns.end(peer):
+            turn.set()
 
     async def _send_error(self, framed: Framed, exc: RpcError) -> None:
         try:
@@ -152,8 +210,7 @@ class RpcServer:
                     f"{request.method!r} is {P.KIND_NAMES[method.kind]}, "
                     f"called as {P.KIND_NAMES[request.kind]}"
                 )
-            running = self._active.get(peer, 0)
-            if running >= self.max_calls_per_peer:
+            if self._turns.running(peer) > self.max_calls_per_peer:  # this call included
                 raise ResourceExhausted(
                     f"more than {self.max_calls_per_peer} concurrent calls from this peer"
                 )
@@ -163,7 +220,6 @@ class RpcServer:
             started = trio.current_time()
             ctx = CallContext(peer, request.method, started + timeout, info)
             scope.deadline = ctx.deadline
-            self._active[peer] = running + 1
             try:
                 await self._run(framed, method, request, ctx, scope)
             except BaseException as exc:
@@ -173,12 +229,6 @@ class RpcServer:
             else:
                 if observer is not None:
                     _observe(observer, framed, ctx, started, None)
-            finally:
-                left = self._active[peer] - 1
-                if left:
-                    self._active[peer] = left
-                else:
-                    del self._active[peer]
         if scope.cancelled_caught:
             if ctx is None:
                 raise ProtocolViolation("no request within the first-frame timeout")

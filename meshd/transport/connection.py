@@ -24,7 +24,7 @@ from aioquic.quic.packet import QuicErrorCode
 from ..identity import Identity, PeerId
 from ..streams import StreamAborted
 from .quic import DatagramSizeChanged, MeshQuicConnection, PathMtuSearchDone
-from .stream import SEND_HIGH_WATER, QuicCallStream
+from .stream import CONNECTION_SEND_HIGH_WATER, SEND_HIGH_WATER, QuicCallStream
 from .tls import PeerAuthError, peer_id_from_certificate
 
 log = logging.getLogger("meshd.transport")
@@ -84,6 +84,7 @@ class PeerConnection:
         connection_window: int,
         keepalive_interval: float,
         send_high_water: int = SEND_HIGH_WATER,
+        connection_send_high_water: int = CONNECTION_SEND_HIGH_WATER,
     ):
         self.endpoint = endpoint
         self.quic = quic
@@ -105,6 +106,8 @@ class PeerConnection:
         self._blocked: set[QuicCallStream] = set()
         self._stream_window = stream_window
         self.send_high_water = send_high_water  # unacknowledged bytes of a stream beyond which its writer waits
+        self.connection_send_high_water = connection_send_high_water  # the same, of all its streams
+        self._send_queued: int | None = 0  # bytes queued or unacknowledged on all streams; None: to count again
         self._connection_window = connection_window
         self._consumed_total = 0
         self._consumed: dict[int, int] = {}
@@ -199,6 +202,7 @@ class PeerConnection:
         """Feed one datagram to aioquic and act on what it produced (no sending)."""
         self.last_received = now
         self.quic.receive_datagram(data, addr, now)
+        self._send_queued = None  # ACKs may have freed some
         self._process_events()
         if self._blocked:
             self._wake_writers()
@@ -382,6 +386,19 @@ class PeerConnection:
         qs = self.quic._streams.get(stream_id)
         return len(qs.sender._buffer) if qs is not None else 0
 
+    @property
+    def send_queued(self) -> int:
+        """Bytes written on all streams (ended ones too) and not yet acknowledged by the peer."""
+        if self._send_queued is None:
+            self._send_queued = sum(len(qs.sender._buffer) for qs in self.quic._streams.values())
+        return self._send_queued
+
+    def send_room(self, stream_id: int) -> int:
+        """Bytes the stream may queue now (none if 0 or less): under its own high
+        water and the connection's."""
+        return min(self.send_high_water - self.send_buffered(stream_id),
+                   self.connection_send_high_water - self.send_queued)
+
     def sender_reset(self, stream_id: int) -> bool:
         """aioquic has reset the stream's sending side.
 
@@ -397,6 +414,8 @@ class PeerConnection:
             self.quic.send_stream_data(stream_id, data, end)
         except ValueError as exc:  # finished, or a stream the peer may not be sent on
             raise StreamAborted(str(exc)) from None
+        if self._send_queued is not None:
+            self._send_queued += len(data)
         if end and len(self._streams) <= 1 and not self._tx_pending:
             self.transmit()  # a lone call has nothing to share a packet with: skip the flush hop
         else:
@@ -406,6 +425,10 @@ class PeerConnection:
         self._blocked.add(stream)
 
     def _wake_writers(self) -> None:
+        """Wake the blocked writers whose stream is below its high water, once the
+        connection is below half its own (so they do not all wake for every ACK)."""
+        if self.send_queued >= self.connection_send_high_water // 2:
+            return
         for stream in list(self._blocked):
             if self.send_buffered(stream.stream_id) < self.send_high_water:
                 self._blocked.discard(stream)

@@ -34,7 +34,7 @@ from aioquic.quic.retry import QuicRetryTokenHandler
 
 from ..identity import Identity, PeerId
 from .connection import ALPN, CLOSE_REFUSED, PeerConnection
-from .stream import SEND_HIGH_WATER
+from .stream import CONNECTION_SEND_HIGH_WATER, SEND_HIGH_WATER
 from .pmtu import UDP_IPV4_OVERHEAD, UDP_IPV6_OVERHEAD, ladder
 from .quic import MeshQuicConnection
 from .tls import identity_certificate
@@ -72,10 +72,16 @@ class TransportConfig:
     ack_with_data: bool = True  # ACKs ride on data or go every 2nd packet (False: each at once, alone)
     retry_above: int = 16  # handshakes in progress beyond which a new dialer must first prove its address (Retry)
     close_idle_after: float = 120.0  # close a connection without streams this long (0: never)
-    # streams a peer may have open at once on one connection (QUIC MAX_STREAMS; raised as they end)
-    max_streams: int = field(default=128, metadata={"min": 1, "max": 1 << 20})
+    # streams a peer may have open at once on one connection (QUIC MAX_STREAMS; raised as they end).
+    # aioquic's own 128 let one peer's calls in flight take everyone's p99 up 5-12x
+    # (docs/security.md, "Fairness between peers")
+    max_streams: int = field(default=32, metadata={"min": 1, "max": 1 << 20})
     # bytes of one stream sent and not yet acknowledged beyond which its writer waits
     send_high_water: int = field(default=SEND_HIGH_WATER, metadata={"min": 16 << 10, "max": 1 << 30})
+    # the same, of all a connection's streams (ended ones too): what a peer that reads none
+    # of its answers makes us hold, per connection
+    connection_send_high_water: int = field(default=CONNECTION_SEND_HIGH_WATER,
+                                            metadata={"min": 16 << 10, "max": 1 << 30})
     # datagrams read per wake-up: bigger batches delay ACKs and credit (measured: 128 cut bulk to ~110 MB/s)
     recv_batch: int = field(default=16, metadata={"min": 1, "max": 1024})
     socket_buffer: int = field(default=8 << 20, metadata={"min": 64 << 10, "max": 1 << 30})  # UDP SO_RCVBUF/SO_SNDBUF
@@ -319,6 +325,7 @@ class Endpoint:
             self, quic, addr, dialed=dialed, expected_peer=expected_peer,
             stream_window=cfg.stream_window, connection_window=cfg.connection_window,
             keepalive_interval=cfg.keepalive_interval, send_high_water=cfg.send_high_water,
+            connection_send_high_water=cfg.connection_send_high_water,
         )
         if addr[0] == VIRTUAL_HOST:
             conn.path = addr[2]

@@ -1,8 +1,11 @@
 """One bidirectional QUIC stream as a CallStream, with backpressure both ways.
 
 Sending waits while more than the connection's ``send_high_water`` bytes
-(``transport.send_high_water``, default ``SEND_HIGH_WATER``) of this stream are
-unacknowledged, so a slow reader slows the writer instead of growing a buffer.
+(``transport.send_high_water``, default ``SEND_HIGH_WATER``) of this stream, or
+``connection_send_high_water`` bytes of all the connection's streams
+(``transport.connection_send_high_water``, default ``CONNECTION_SEND_HIGH_WATER``),
+are queued or unacknowledged, so a slow reader slows the writer instead of growing
+a buffer, and a peer that reads none of its answers holds a bounded amount here.
 Receiving grants the peer flow-control credit only for bytes the application
 has read (see ``PeerConnection.consumed``), so a reader that stops reading
 stops the writer.
@@ -17,6 +20,7 @@ import trio
 from ..streams import StreamAborted, StreamRefused
 
 SEND_HIGH_WATER = 4 << 20  # the default; with ACKs every 16 datagrams, 1 MiB left the sender idle
+CONNECTION_SEND_HIGH_WATER = 8 << 20  # the default: two streams at their high water
 
 
 class StreamOwner(Protocol):
@@ -27,10 +31,9 @@ class StreamOwner(Protocol):
     ``writable_again``.
     """
 
-    send_high_water: int  # unacknowledged bytes of a stream beyond which its writer waits
-
-    def send_buffered(self, stream_id: int) -> int:
-        """Bytes written on the stream and not yet acknowledged by the peer."""
+    def send_room(self, stream_id: int) -> int:
+        """Bytes the stream may queue now (none if 0 or less): what neither its
+        own nor the connection's high water forbids."""
 
     def send_data(self, stream_id: int, data: bytes, end: bool) -> None:
         """Queue ``data`` (and the end of the stream if ``end``) for sending;
@@ -40,8 +43,8 @@ class StreamOwner(Protocol):
         """The stream's sending side was reset (by us, or on the peer's STOP_SENDING)."""
 
     def wait_for_acks(self, stream: QuicCallStream) -> None:
-        """Call ``stream.writable_again()`` once its unacknowledged bytes fall
-        below ``send_high_water``."""
+        """Call ``stream.writable_again()`` once it has ``send_room`` again (the
+        owner may wait for more room than that, to wake fewer writers)."""
 
     def consumed(self, stream: QuicCallStream, nbytes: int) -> None:
         """The application took ``nbytes``: give the peer that much more credit."""
@@ -97,7 +100,7 @@ class QuicCallStream:
         view = memoryview(data)
         while True:
             self._check_sendable()
-            room = conn.send_high_water - conn.send_buffered(self.stream_id)
+            room = conn.send_room(self.stream_id)
             if room > 0:
                 chunk = view[:room]  # aioquic copies it into its send buffer
                 view = view[len(chunk):]

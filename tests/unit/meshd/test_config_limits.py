@@ -31,18 +31,20 @@ from meshd.services.crdt import Crdt
 from meshd.services.nat import Nat
 from meshd.services.shards import Shards
 from meshd.transport import Endpoint
-from meshd.transport.quic import MAX_STREAMS
-from meshd.transport.stream import SEND_HIGH_WATER
+from meshd.transport.stream import CONNECTION_SEND_HIGH_WATER, SEND_HIGH_WATER
 from nat.autonat import REQUEST_INTERVAL
 
-# every key this test file covers: section, key, the old constant, another good value
+# every key this test file covers: section, key, its default (the old constant where there was one), another good value
 KEYS = [
-    ("transport", "max_streams", MAX_STREAMS, 16),
+    ("transport", "max_streams", 32, 16),
     ("transport", "send_high_water", SEND_HIGH_WATER, 1 << 20),
+    ("transport", "connection_send_high_water", CONNECTION_SEND_HIGH_WATER, 1 << 20),
     ("transport", "recv_batch", 16, 64),
     ("transport", "socket_buffer", 8 << 20, 1 << 20),
     ("rpc", "first_frame_timeout", 10.0, 2.5),
     ("rpc", "max_call_timeout", 3600.0, 60.0),
+    ("rpc", "busy_calls", 32, 8),
+    ("rpc", "peer_share", 16, 2),
     ("dht", "peer_rate", 20.0, 5.0),
     ("dht", "peer_burst", 200, 50),
     ("dht", "max_per_prefix", 3, 1),
@@ -66,11 +68,14 @@ KEYS = [
 BAD = [
     ("transport", "max_streams", 0),
     ("transport", "send_high_water", 100),
+    ("transport", "connection_send_high_water", 100),
     ("transport", "recv_batch", 0),
     ("transport", "socket_buffer", -1),
     ("rpc", "first_frame_timeout", 0.0),
     ("rpc", "max_call_timeout", -1.0),
     ("rpc", "max_call_timeout", math.nan),
+    ("rpc", "busy_calls", 0),
+    ("rpc", "peer_share", 0),
     ("dht", "peer_rate", 0.0),
     ("dht", "peer_burst", 0),
     ("dht", "max_per_prefix", 0),
@@ -248,13 +253,18 @@ def test_transport_max_streams_reaches_each_quic_connection(tmp_path):
     quic = endpoint._new_quic(True, ("127.0.0.1", 4100))
     assert quic._local_max_streams_bidi.value == 5 and quic._local_max_streams_uni.value == 5
     default = Endpoint(Identity.generate(), Config().transport, on_connection=print, on_connection_lost=print)
-    assert default._new_quic(True, ("127.0.0.1", 4100))._local_max_streams_bidi.value == 128
+    assert default._new_quic(True, ("127.0.0.1", 4100))._local_max_streams_bidi.value == 32
 
 
 def served_by(rpc_keys: dict) -> RpcServer:
     config = Config()
     config.update({"rpc": rpc_keys})
     return PeerRpc(lambda peer: None, config.rpc).server
+
+
+def test_the_fairness_keys_reach_the_peer_rpc_server():
+    turns = served_by({"busy_calls": 8, "peer_share": 2})._turns
+    assert (turns.busy, turns.share) == (8, 2)
 
 
 @pytest.mark.parametrize("keys,waited", [({}, 10.0), ({"first_frame_timeout": 2.0}, 2.0)])

@@ -22,6 +22,7 @@ from meshd.rpc import (
 from meshd.rpc.framed import Framed
 from blocking import BlockingHandler
 from memstream import memory_call_stream_pair
+from settle import settle
 
 MAX = 1 << 20
 
@@ -211,6 +212,44 @@ async def test_per_peer_concurrency_limit(rpc):
             await rpc.call("hold", 99)
         release.set()
     assert await rpc.call("hold", 5) == 5  # slots are given back
+
+
+async def test_a_call_waiting_for_its_turn_ends_if_its_caller_gives_up_and_runs_when_its_turn_comes(nursery):
+    h = Harness(nursery, busy_calls=1, peer_share=1)
+    stuck = BlockingHandler()
+    h.server.register("stuck", stuck)
+    h.server.register("echo", _echo)
+
+    def cancellable(callers, *call) -> trio.CancelScope:
+        scope = trio.CancelScope()
+
+        async def run():
+            with scope:
+                await h.call(*call)
+
+        callers.start_soon(run)
+        return scope
+
+    async with trio.open_nursery() as callers:
+        stuck_caller = cancellable(callers, "stuck", None, None)
+        await stuck.started.wait()
+        gives_up = cancellable(callers, "echo", 1, None)
+        await settle(lambda: h.server.calls_waiting == 1)  # behind the stuck call: the peer runs its share
+        gives_up.cancel()
+        await settle(lambda: h.server.calls_waiting == 0)
+        answers = []
+
+        async def echo_two():
+            answers.append(await h.call("echo", 2))
+
+        callers.start_soon(echo_two)
+        await settle(lambda: h.server.calls_waiting == 1)
+        stuck_caller.cancel()  # the stuck call ends: the waiting one's turn
+    assert stuck.cancelled.is_set() and answers == [2]
+
+
+async def _echo(arg, ctx):
+    return arg
 
 
 async def test_oversized_frames_both_ways(rpc):
