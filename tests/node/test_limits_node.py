@@ -47,7 +47,8 @@ async def test_a_node_serves_at_most_transport_max_streams_calls_of_one_peer_at_
                     nursery.start_soon(call, n)
                 while running[0] < 2:
                     await entered.park()
-                await trio.sleep(0.5)  # the other three wait for QUIC stream credit, not for a handler
+                await trio.testing.wait_all_tasks_blocked()  # nothing more runs or is on its way (loopback):
+                # the other three wait for QUIC stream credit, not for a handler
                 assert running == [2, 2]
                 release.set()
             assert sorted(results) == list(range(5)) and running[1] == 2
