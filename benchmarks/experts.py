@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/experts.py [--quick] [--skip PARTS | --only PARTS] [--json FILE]
 
-PARTS: serving, ddm, digits, faults, hdee-faults, hdee (``--only faults`` runs both fault parts).
+PARTS: serving, ddm, digits, faults, hdee-faults, hdee (``--only faults`` runs both fault parts), and
+hdee-survey, run only when ``--only`` names it.
 
 Every expert is served by its own meshd node (in this process, or where said
 in a child process, ``experts_kit.expert_process``; real QUIC over 127.0.0.1,
@@ -54,13 +55,25 @@ part, each with its comparison from the same run:
   byte, and the gap to the same mixture computed in process over the
   experts that answered each step.
 * **hdee**: character-level LMs (a GRU over bytes) on three text domains
-  (Python stdlib source, Debian licence texts, Debian changelogs) and man
-  pages for evaluation only: a seed model on the mix branched per domain,
-  homogeneous (same steps each) and heterogeneous (the same total, shared by
-  the seed model's dev bits per byte); bits per byte on each test text for
+  (``--hdee-domains``: by default dpkg's file lists, Debian changelogs and
+  maintainer scripts, the easiest, median and hardest of
+  ``experts_kit.SURVEY_DOMAINS`` by ``hdee-survey``; Python source, licences
+  and changelogs was the first setting) and man pages for evaluation only,
+  as HDEE's paper: a seed model of each size (small, medium, large widths)
+  on the mix; each domain's difficulty (the medium seed model's dev bits per
+  byte) measured before any expert is trained; homogeneous experts (every one
+  medium, the same steps) against heterogeneous ones (the easiest domain
+  small with fewer steps, the hardest large with more, the median as the
+  homogeneous arm) at equal compute (parameters x steps x tokens), each
+  branched from its size's seed model; bits per byte on each test text for
   each expert alone, the posterior ensemble (uniform and cached prior) and
-  uniform averaging, over ``--hdee-seeds`` seeds; and the heterogeneous
-  ensemble served on 3 nodes against the same mixture in process.
+  uniform averaging, over ``--hdee-seeds`` seeds (mean, spread, each seed);
+  and the heterogeneous ensemble served on 3 nodes against the same mixture
+  in process.
+* **hdee-survey** (only with ``--only hdee-survey``): how hard each domain of
+  ``experts_kit.SURVEY_DOMAINS`` is for a seed model trained on their mix,
+  per seed, gzip's bits per byte beside, and the rule's pick for
+  ``--hdee-domains``.
 
 Targets (issue 13): batching >= 3x the unbatched rate; DDM full within 3x the
 floor and >= 5x better than the monolith, every routed mode >= 10x better than
@@ -655,29 +668,112 @@ async def hdee_faults(args, root: Path) -> list[dict]:
 
 # --- HDEE: character-level LM experts per text domain --------------------------------------------------
 
+HDEE_DOMAINS = "filelists,changelogs,scripts"  # --only hdee-survey's pick (the easiest, median and hardest)
+
+
+def hdee_sizes(args) -> dict[str, int]:
+    """The GRU width of each size: ``--hdee-widths`` small and large, ``--hdee-width`` the medium."""
+    small, large = (int(w) for w in args.hdee_widths.split(","))
+    return {"small": small, "medium": args.hdee_width, "large": large}
+
+
+def hdee_plans(args, hardness: dict[str, float]) -> dict[str, dict[str, tuple[str, int]]]:
+    """Each arm's (size, steps) per domain, at equal compute (parameters x steps x tokens per step).
+
+    Homogeneous: every expert medium, ``--hdee-steps`` steps.  Heterogeneous, as HDEE's paper
+    (sizes s/m/l, 300/400/500 steps by the domain's difficulty): the domains ranked by ``hardness``
+    (measured before any expert is trained), the easiest third small and ``--hdee-short`` of the
+    steps, the hardest third large and the steps that make the two arms' totals equal, the rest
+    medium with the homogeneous steps (the same expert as the homogeneous arm's)."""
+    from meshd.testing import experts_kit as kit
+
+    params = {size: kit.param_count(kit.CharLM(width=w)) for size, w in hdee_sizes(args).items()}
+    ranked = sorted(hardness, key=hardness.get)
+    third = len(ranked) // 3
+    size = {d: "small" if i < third else "large" if i >= len(ranked) - third else "medium"
+            for i, d in enumerate(ranked)}
+    steps, short = args.hdee_steps, round(args.hdee_short * args.hdee_steps)
+    # small x short + large x long = 2 x medium x steps, for each small/large pair
+    long = round((2 * params["medium"] * steps - params["small"] * short) / params["large"])
+    by_size = {"small": short, "medium": steps, "large": long}
+    return {"homogeneous": {d: ("medium", steps) for d in hardness},
+            "heterogeneous": {d: (size[d], by_size[size[d]]) for d in hardness}}
+
+
+def hdee_compute(args, plan: dict[str, tuple[str, int]]) -> int:
+    """Parameters x steps x tokens per step (batch 32 x 128 bytes) summed over a plan's experts."""
+    from meshd.testing import experts_kit as kit
+
+    widths = hdee_sizes(args)
+    return sum(kit.param_count(kit.CharLM(width=widths[s])) * n * 32 * 128 for s, n in plan.values())
+
 
 def hdee_models(args, seed: int) -> dict:
-    """A seed model on the mix of the three domains, branched per domain twice: homogeneous
-    (every expert the same steps) and heterogeneous (the same total steps, shared by the
-    seed model's dev bits per byte: harder domains get more), all trained in this process."""
+    """HDEE's recipe at toy scale, all in this process: a seed model of each size on the mix of the
+    trained domains (the same steps and batches), the domains' difficulty (the medium seed model's
+    bits per byte on ``--hdee-dev`` bytes of each domain's dev text), then each arm's experts
+    branched from the seed model of their size and trained on their domain (:func:`hdee_plans`);
+    an expert both arms plan alike is trained once (as the paper's medium expert)."""
     from meshd.testing import experts_kit as kit
 
     torch.manual_seed(seed)
-    data = {d: kit.splits(d, args.hdee_chars) for d in (*kit.DOMAINS, kit.EVAL_DOMAIN)}
-    mix = torch.cat([data[d]["train"] for d in kit.DOMAINS])
-    base = kit.CharLM(width=args.hdee_width, seed=seed)
-    kit.train_lm(base, mix, args.hdee_seed_steps, seed=seed)
-    hardness = {d: kit.bpc(kit.token_logprobs(base, data[d]["dev"][:args.hdee_eval])) for d in kit.DOMAINS}
-    total = args.hdee_steps * len(kit.DOMAINS)
-    plans = {"homogeneous": {d: args.hdee_steps for d in kit.DOMAINS},
-             "heterogeneous": {d: round(total * hardness[d] / sum(hardness.values())) for d in kit.DOMAINS}}
-    experts = {}
-    for plan, steps in plans.items():
-        for i, d in enumerate(kit.DOMAINS):
-            expert = kit.branch(base)
-            kit.train_lm(expert, data[d]["train"], steps[d], seed=seed * 10 + i)
-            experts[plan, d] = expert.eval()
-    return {"data": data, "experts": experts, "plans": plans, "hardness": hardness}
+    domains = args.hdee_domains.split(",")
+    data = {d: kit.splits(d, args.hdee_chars) for d in (*domains, kit.EVAL_DOMAIN)}
+    mix = torch.cat([data[d]["train"] for d in domains])
+    seeds = {}
+    for size, width in hdee_sizes(args).items():
+        seeds[size] = kit.CharLM(width=width, seed=seed)
+        kit.train_lm(seeds[size], mix, args.hdee_seed_steps, seed=seed)
+    hardness = {d: kit.bpc(kit.token_logprobs(seeds["medium"], data[d]["dev"][:args.hdee_dev])) for d in domains}
+    plans = hdee_plans(args, hardness)
+    trained, experts = {}, {}
+    for plan, configs in plans.items():
+        for i, d in enumerate(domains):
+            key = (d, *configs[d])
+            if key not in trained:
+                expert = kit.branch(seeds[configs[d][0]])
+                kit.train_lm(expert, data[d]["train"], configs[d][1], seed=seed * 10 + i)
+                trained[key] = expert.eval()
+            experts[plan, d] = trained[key]
+    return {"domains": domains, "data": data, "experts": experts, "plans": plans, "hardness": hardness}
+
+
+def hdee_survey(args, root: Path) -> list[dict]:
+    """How hard each candidate domain is, before any expert is trained: a seed model (medium width,
+    ``--hdee-seed-steps`` on the mix of every domain in ``experts_kit.SURVEY_DOMAINS``), its bits per
+    byte on each domain's dev text (``--hdee-dev`` bytes), per seed; gzip -9's bits per byte
+    beside (no model).  The rule ``--hdee-domains`` was chosen by: the easiest, the median and the
+    hardest by the mean over seeds."""
+    import gzip
+
+    from meshd.testing import experts_kit as kit
+
+    torch.set_num_threads(1)
+    data = {d: kit.splits(d, args.hdee_chars) for d in kit.SURVEY_DOMAINS}
+    mix = torch.cat([data[d]["train"] for d in kit.SURVEY_DOMAINS])
+    bpc: dict[str, list[float]] = {d: [] for d in kit.SURVEY_DOMAINS}
+    for seed in range(args.hdee_seeds):
+        model = kit.CharLM(width=args.hdee_width, seed=seed)
+        kit.train_lm(model, mix, args.hdee_seed_steps, seed=seed)
+        for d in kit.SURVEY_DOMAINS:
+            bpc[d].append(kit.bpc(kit.token_logprobs(model, data[d]["dev"][:args.hdee_dev])))
+    ranked = sorted(kit.SURVEY_DOMAINS, key=lambda d: statistics.mean(bpc[d]))
+    rows = []
+    for rank, d in enumerate(ranked):
+        text = kit.domain_text(d, args.hdee_chars).encode()
+        rows.append({"part": "hdee-survey", "what": f"{rank + 1}. {d}", "bpc": statistics.mean(bpc[d]),
+                     "detail": f"seeds {', '.join(f'{v:.3f}' for v in bpc[d])}; gzip -9 "
+                               f"{8 * len(gzip.compress(text, 9)) / len(text):.3f} bits per byte"})
+    pick = [ranked[0], ranked[len(ranked) // 2], ranked[-1]]
+    rows.append({"part": "hdee-survey", "what": "the rule's pick (easiest, median, hardest)",
+                 "detail": f"--hdee-domains {','.join(pick)} (in use: {args.hdee_domains})"})
+    return rows
+
+
+def _pm(values: list[float]) -> str:
+    """'mean ± half the range' of one value per seed, and the seeds'."""
+    half = (max(values) - min(values)) / 2
+    return f"{statistics.mean(values):.3f} ± {half:.3f} (seeds {', '.join(f'{v:.3f}' for v in values)})"
 
 
 async def hdee(args, root: Path) -> list[dict]:
@@ -685,13 +781,16 @@ async def hdee(args, root: Path) -> list[dict]:
     from meshd.testing import experts_kit as kit
 
     torch.set_num_threads(1)
-    domains, evals = list(kit.DOMAINS), [*kit.DOMAINS, kit.EVAL_DOMAIN]
+    domains = args.hdee_domains.split(",")
+    evals = [*domains, kit.EVAL_DOMAIN]
     table: dict = {}  # (what, domain) -> [bpc per seed]
-    worst_gap = 0.0
+    configs, worst_gap = [], 0.0
     for seed in range(args.hdee_seeds):
         started = time.perf_counter()
         m = hdee_models(args, seed)
-        log(f"[hdee] seed {seed}: trained in {time.perf_counter() - started:.0f} s, steps {m['plans']}")
+        configs.append(m)
+        log(f"[hdee] seed {seed}: trained in {time.perf_counter() - started:.0f} s, difficulty "
+            f"{ {d: round(h, 3) for d, h in m['hardness'].items()} }, plans {m['plans']}")
         tests = {d: m["data"][d]["test"][:args.hdee_eval] for d in evals}
         logp = {(plan, e, d): kit.token_logprobs(m["experts"][plan, e], tests[d]).double()
                 for plan in m["plans"] for e in domains for d in evals}
@@ -722,8 +821,16 @@ async def hdee(args, root: Path) -> list[dict]:
                 scored = await ens.score(tests[d])
                 local = mixing.posterior_mixture(torch.stack([logp["heterogeneous", e, d] for e in domains]))[0]
                 worst_gap = max(worst_gap, float((scored.logp.double() - local).abs().max()))
+    widths = hdee_sizes(args)
     rows = []
-    for (what, d), values in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for seed, m in enumerate(configs):
+        for plan, plan_configs in m["plans"].items():
+            rows.append({"part": "hdee", "what": f"seed {seed}: {plan} experts", "detail": "; ".join(
+                f"{d} (dev bpc of the seed model {m['hardness'][d]:.3f}): {size}, width {widths[size]}, "
+                f"{kit.param_count(m['experts'][plan, d]):,} parameters, {steps} steps"
+                for d, (size, steps) in plan_configs.items())
+                + f"; compute {hdee_compute(args, plan_configs):.4g} parameter-tokens"})
+    for (what, d), values in sorted(table.items(), key=lambda kv: (evals.index(kv[0][1]), kv[0][0])):
         rows.append({"part": "hdee", "what": f"{d}: {what}", "bpc": statistics.mean(values),
                      "detail": f"seeds {', '.join(f'{v:.3f}' for v in values)}"})
     ensembles = ("posterior, uniform prior", "posterior, cached prior", "uniform averaging")
@@ -735,6 +842,20 @@ async def hdee(args, root: Path) -> list[dict]:
         return min(((plan, rule) for plan in ("homogeneous", "heterogeneous") for rule in ensembles),
                    key=lambda pr: mean(*pr, d))
 
+    for d in evals:  # the arms side by side: the posterior (uniform prior), mean ± half the range over seeds
+        homog = table[("homogeneous: posterior, uniform prior", d)]
+        hetero = table[("heterogeneous: posterior, uniform prior", d)]
+        diff = [b - a for a, b in zip(homog, hetero)]
+        rows.append({"part": "hdee", "what": f"{d}: heterogeneous - homogeneous, posterior (uniform prior)",
+                     "bpc": statistics.mean(diff),
+                     "detail": f"homogeneous {_pm(homog)}; heterogeneous {_pm(hetero)}; "
+                               f"heterogeneous better in {sum(x < 0 for x in diff)} of {len(diff)} seeds"})
+    per_seed = [statistics.mean(table[(f"{plan}: posterior, uniform prior", d)][s] for d in domains)
+                for plan in ("homogeneous", "heterogeneous") for s in range(args.hdee_seeds)]
+    n = args.hdee_seeds
+    rows.append({"part": "hdee", "what": "the trained domains' mean, posterior (uniform prior)",
+                 "bpc": statistics.mean(per_seed[n:]) - statistics.mean(per_seed[:n]),
+                 "detail": f"homogeneous {_pm(per_seed[:n])}; heterogeneous {_pm(per_seed[n:])}"})
     hetero_best = [d for d in evals if best_ensemble(d)[0] == "heterogeneous"]
     held_out = kit.EVAL_DOMAIN
     single = min(mean(plan, f"expert {e} alone", held_out) for plan in ("homogeneous", "heterogeneous") for e in domains)
@@ -758,8 +879,9 @@ def fmt(value) -> str:
     return str(value)
 
 
-PARTS = ("serving", "ddm", "digits", "faults", "hdee-faults", "hdee")
+PARTS = ("serving", "ddm", "digits", "faults", "hdee-faults", "hdee", "hdee-survey")
 GROUPS = {"faults": ("faults", "hdee-faults")}  # --only faults: both fault experiments
+ON_REQUEST = ("hdee-survey",)  # parts run only when --only names them
 
 
 def main() -> int:
@@ -787,10 +909,25 @@ def main() -> int:
     parser.add_argument("--ddm-sample-steps", type=int, default=50, help="Euler steps per sample")
     parser.add_argument("--hdee-seeds", type=int, default=2)
     parser.add_argument("--hdee-chars", type=int, default=150_000, help="characters read per text domain")
-    parser.add_argument("--hdee-width", type=int, default=128, help="the char LMs' GRU width")
-    parser.add_argument("--hdee-seed-steps", type=int, default=200, help="steps of the seed model on the mix")
-    parser.add_argument("--hdee-steps", type=int, default=250, help="steps per expert (the heterogeneous total is the same)")
-    parser.add_argument("--hdee-eval", type=int, default=4000, help="bytes of each test (and dev) text scored")
+    parser.add_argument("--hdee-domains", default=HDEE_DOMAINS,
+                        help="the trained domains, comma-separated (experts_kit.SURVEY_DOMAINS; chosen by "
+                             "--only hdee-survey's rule); code,licenses,changelogs was the first setting")
+    parser.add_argument("--hdee-width", type=int, default=128,
+                        help="the char LMs' GRU width: the medium size (every homogeneous expert; hdee-faults' LMs)")
+    parser.add_argument("--hdee-widths", default="112,144",
+                        help="the small and large sizes' widths (133,536 and 199,264 parameters against 164,864: "
+                             "the paper's s/m/l were 90M/115M/135M)")
+    parser.add_argument("--hdee-seed-steps", type=int, default=200, help="steps of each seed model on the mix")
+    parser.add_argument("--hdee-steps", type=int, default=250,
+                        help="steps per homogeneous expert (and per medium heterogeneous one)")
+    parser.add_argument("--hdee-short", type=float, default=0.75,
+                        help="the small expert's steps, a fraction of --hdee-steps (the paper's 300 of 400); the "
+                             "large expert's steps make the two arms' compute equal")
+    parser.add_argument("--hdee-eval", type=int, default=12_000,
+                        help="bytes of each test text scored (of about 15,000), and of each dev text the cached "
+                             "prior is estimated on")
+    parser.add_argument("--hdee-dev", type=int, default=12_000,
+                        help="bytes of each domain's dev text a domain's difficulty is measured on (hdee, hdee-survey)")
     parser.add_argument("--fault-tokens", type=int, default=300, help="bytes the hdee-faults part decodes")
     parser.add_argument("--fault-lm-steps", type=int, default=200, help="training steps of each hdee-faults expert")
     parser.add_argument("--json", metavar="FILE")
@@ -799,12 +936,15 @@ def main() -> int:
         args.seconds, args.samples, args.ddm_steps, args.ddm_sample_steps = 2.0, 600, 200, 20
         args.grid_steps, args.grid_seeds = 100, 2
         args.hdee_seeds, args.hdee_seed_steps, args.hdee_steps, args.hdee_eval = 1, 40, 40, 1000
+        args.hdee_dev = 2000
         args.fault_tokens, args.fault_lm_steps = 120, 40
     if args.only:
         wanted = {p for name in args.only.split(",") for p in GROUPS.get(name, (name,))}
         if wanted - set(PARTS):
             parser.error(f"--only: no part {', '.join(sorted(wanted - set(PARTS)))}; the parts: {', '.join(PARTS)}")
         args.skip = ",".join([*args.skip.split(","), *(p for p in PARTS if p not in wanted)])
+    else:
+        args.skip = ",".join([*args.skip.split(","), *ON_REQUEST])
     stop_on_sigterm()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="meshd-experts-") as tmp:
@@ -823,7 +963,7 @@ def main() -> int:
                  ("digits", with_models(digits, digit, digits_models)),
                  ("faults", with_models(faults, grid, lambda a: ddm_models(a, monolith=False))),
                  ("hdee-faults", lambda: trio.run(hdee_faults, args, root)),
-                 ("hdee", lambda: trio.run(hdee, args, root))]
+                 ("hdee", lambda: trio.run(hdee, args, root)), ("hdee-survey", lambda: hdee_survey(args, root))]
         rows, rc = run_parts(parts, args.skip, lambda name, msg: {"part": name, "what": "FAILED", "detail": msg},
                              {"part": "-", "what": "interrupted"})
     columns = ["part", "what", "rows/s", "p50 ms", "p99 ms", "mmd2", "mmd", "evals", "calls", "classes", "H bits",

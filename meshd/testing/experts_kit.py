@@ -7,7 +7,10 @@ networked ensemble is measured against:
 * **HDEE** (heterogeneous domain expert ensembles of language models).  Byte-
   level text from files any Debian machine has: Python's standard library
   (``code``), ``/usr/share/common-licenses`` (``licenses``), Debian changelogs
-  (``changelogs``), and man pages (``manpages``, held out for evaluation).  A
+  (``changelogs``), and man pages (``manpages``, held out for evaluation);
+  and more, from dpkg's own database and the files every package ships
+  (:data:`SURVEY_DOMAINS`), for experiments that need domains of different
+  difficulty.  A
   small GRU language model over bytes (:class:`CharLM`), a trainer, per-byte
   log-probabilities and bits per character.  A seed model is trained once and
   :func:`branch`-ed per domain for continued training.
@@ -60,8 +63,8 @@ import trio
 from experts.training import fit, kmeans, train_flow, train_router
 
 __all__ = [
-    "BUILDERS", "CHANGELOG_GLOB", "DOC_DIR", "DOMAINS", "EVAL_DOMAIN", "GRID_MMD_SIGMA", "LICENSES_DIR", "MAN1_DIR",
-    "MIN_CHARS", "MMD_BANDWIDTHS", "STDLIB_DIR", "VOCAB",
+    "BUILDERS", "CHANGELOG_GLOB", "DOC_DIR", "DOMAINS", "DPKG_INFO_DIR", "DPKG_STATUS", "EVAL_DOMAIN", "GRID_MMD_SIGMA",
+    "LICENSES_DIR", "MAN1_DIR", "MIN_CHARS", "MMD_BANDWIDTHS", "PERL_BASE_DIR", "STDLIB_DIR", "SURVEY_DOMAINS", "VOCAB",
     "CharLM", "ExpertProcess", "ExpertSpec", "RouterMLP", "VelocityMLP",
     "bpc", "branch", "domain_text", "encode", "expert_process",
     "grid_centres", "grid_cluster_logits", "grid_gaussians", "grid_mmd", "grid_velocity", "kmeans",
@@ -75,6 +78,10 @@ DOMAINS = ("code", "licenses", "changelogs")
 """The domains experts are trained on."""
 EVAL_DOMAIN = "manpages"
 """The domain held out for evaluation only."""
+SURVEY_DOMAINS = ("code", "licenses", "changelogs", "filelists", "status", "scripts", "copyright", "perl", "symbols")
+"""Every domain experts may be trained on (:func:`domain_text` says what each is): text from packages
+every Debian system has (dpkg, perl-base, base-files, the Python running this) or from files every
+package ships; an experiment that needs domains of different difficulty picks among them."""
 
 # Where each domain's files live; module-level so tests can point them elsewhere.
 STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])
@@ -82,6 +89,10 @@ LICENSES_DIR = Path("/usr/share/common-licenses")
 DOC_DIR = Path("/usr/share/doc")
 CHANGELOG_GLOB = "*/changelog.Debian.gz"
 MAN1_DIR = Path("/usr/share/man/man1")
+DPKG_INFO_DIR = Path("/var/lib/dpkg/info")
+DPKG_STATUS = Path("/var/lib/dpkg/status")
+PERL_BASE_DIR = Path("/usr/lib") / sysconfig.get_config_var("MULTIARCH") / "perl-base" \
+    if sysconfig.get_config_var("MULTIARCH") else Path("/usr/lib/perl-base")
 
 MIN_CHARS = 20_000
 """A domain with fewer characters than this (or than ``max_chars``, if smaller) is an error."""
@@ -131,7 +142,21 @@ def _sources(name: str) -> tuple[Path, list[Path], bool]:
         return DOC_DIR, _files(DOC_DIR, CHANGELOG_GLOB), True
     if name == "manpages":
         return MAN1_DIR, _files(MAN1_DIR, "*.gz"), True
-    raise ValueError(f"unknown domain {name!r}; known: {', '.join((*DOMAINS, EVAL_DOMAIN))}")
+    if name == "filelists":
+        return DPKG_INFO_DIR, _files(DPKG_INFO_DIR, "*.list"), False
+    if name == "status":
+        return DPKG_STATUS.parent, [DPKG_STATUS] if DPKG_STATUS.is_file() else [], False
+    if name == "scripts":
+        scripts = [p for kind in ("preinst", "postinst", "prerm", "postrm")
+                   for p in _files(DPKG_INFO_DIR, f"*.{kind}")]
+        return DPKG_INFO_DIR, sorted(scripts), False
+    if name == "copyright":
+        return DOC_DIR, _files(DOC_DIR, "*/copyright"), False
+    if name == "perl":
+        return PERL_BASE_DIR, _files(PERL_BASE_DIR, "**/*.pm"), False
+    if name == "symbols":
+        return DPKG_INFO_DIR, _files(DPKG_INFO_DIR, "*.symbols"), False
+    raise ValueError(f"unknown domain {name!r}; known: {', '.join((*SURVEY_DOMAINS, EVAL_DOMAIN))}")
 
 
 def domain_text(name: str, max_chars: int = 400_000) -> str:
@@ -141,7 +166,15 @@ def domain_text(name: str, max_chars: int = 400_000) -> str:
       (:data:`STDLIB_DIR`, from ``sysconfig``; subpackages and site-packages are not read);
     * ``licenses``: every file in :data:`LICENSES_DIR`;
     * ``changelogs``: :data:`DOC_DIR`/``*/changelog.Debian.gz``, gunzipped;
-    * ``manpages`` (:data:`EVAL_DOMAIN`): :data:`MAN1_DIR`/``*.gz``, gunzipped, roff markup as is.
+    * ``manpages`` (:data:`EVAL_DOMAIN`): :data:`MAN1_DIR`/``*.gz``, gunzipped, roff markup as is;
+    * ``filelists``: the paths each installed package put on the system, :data:`DPKG_INFO_DIR`/``*.list``;
+    * ``status``: dpkg's package records, :data:`DPKG_STATUS` (one file);
+    * ``scripts``: packages' maintainer scripts (shell, mostly), :data:`DPKG_INFO_DIR`/``*.preinst``,
+      ``*.postinst``, ``*.prerm``, ``*.postrm``;
+    * ``copyright``: :data:`DOC_DIR`/``*/copyright``, kept even where docs are trimmed;
+    * ``perl``: perl-base's modules, :data:`PERL_BASE_DIR`/``**/*.pm``;
+    * ``symbols``: shared libraries' symbol lists, :data:`DPKG_INFO_DIR`/``*.symbols`` (C and mangled C++ names
+      with the versions that brought them).
 
     Files are decoded as UTF-8 with undecodable bytes replaced (U+FFFD); a file
     reached through several links is read once.  Raises ValueError for an

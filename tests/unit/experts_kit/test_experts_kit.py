@@ -55,6 +55,32 @@ def test_unknown_domain_is_a_value_error():
         ek.domain_text("poetry")
 
 
+def test_dpkg_domains_read_their_own_files_in_sorted_order(tmp_path, monkeypatch):
+    info = tmp_path / "info"
+    info.mkdir()
+    for name, char in (("b.postinst", "p"), ("a.prerm", "r"), ("a.list", "l"), ("b.list", "m"), ("a.symbols", "s"),
+                       ("a.md5sums", "h"), ("a.preinst", "i")):
+        (info / name).write_text(char * 10_000)
+    (tmp_path / "status").write_text("S" * 25_000)
+    monkeypatch.setattr(ek, "DPKG_INFO_DIR", info)
+    monkeypatch.setattr(ek, "DPKG_STATUS", tmp_path / "status")
+    assert ek.domain_text("filelists") == "l" * 10_000 + "m" * 10_000
+    assert ek.domain_text("scripts") == "i" * 10_000 + "r" * 10_000 + "p" * 10_000  # by path, md5sums not read
+    assert ek.domain_text("symbols", max_chars=10_000) == "s" * 10_000
+    assert ek.domain_text("status") == "S" * 25_000
+    monkeypatch.setattr(ek, "DPKG_STATUS", tmp_path / "no-status")
+    with pytest.raises(RuntimeError, match=re.escape(str(tmp_path))):
+        ek.domain_text("status")
+
+
+def test_every_survey_domain_is_known():
+    for name in ek.SURVEY_DOMAINS:
+        try:
+            ek.domain_text(name, max_chars=1_000)
+        except RuntimeError:  # not on this machine: a clear error, not an unknown name
+            pass
+
+
 def test_encode_gives_the_utf8_bytes():
     assert ek.encode("aé").tolist() == [97, 0xC3, 0xA9]
 
