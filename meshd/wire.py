@@ -92,6 +92,13 @@ class FrameDecoder:
         """Bytes received but not yet returned as a frame."""
         return len(self._buf) - self._pos
 
+    @property
+    def declared(self) -> int | None:
+        """The body length the next frame's header declares, once its header is here; else None."""
+        if len(self._buf) - self._pos < 4:
+            return None
+        return _HEADER.unpack_from(self._buf, self._pos)[0]
+
     def next_frame(self) -> tuple[bool, object]:
         """``(True, value)`` for the next whole frame, ``(False, None)`` if incomplete.
 

@@ -56,6 +56,7 @@ class Channel:
         """
         kind, value = await self._framed.read_answer("peer ended the stream without END",
                                                       errors=self._caller)
+        self._framed.let_go()  # held (by a served call) while it arrived, now handed on
         if kind == P.ITEM:
             return value
         if kind == P.END:

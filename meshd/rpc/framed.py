@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..streams import CallStream, StreamAborted, StreamRefused
+from .budget import CallBytes
 from ..wire import FrameDecoder, FrameError, FrameTooLarge, frame_parts
 from . import protocol as P
 from .errors import FrameTooLargeError, ProtocolViolation, Unavailable, error_from_wire
@@ -28,23 +29,39 @@ def call_error(exc: StreamAborted | FrameError) -> Exception:
 
 
 class Framed:
-    """Reads and writes length-prefixed msgpack frames on one stream."""
+    """Reads and writes length-prefixed msgpack frames on one stream.
 
-    __slots__ = ("stream", "max_frame", "_decoder")
+    Given ``held`` (a served call's :class:`~meshd.rpc.budget.CallBytes`), each
+    frame read is counted as held from the moment its header arrives, before
+    its body is read (see :meth:`read`), and each frame written while it is
+    being queued; a frame over the budget raises OverBudget instead.
+    """
 
-    def __init__(self, stream: CallStream, max_frame: int):
+    __slots__ = ("stream", "max_frame", "_decoder", "_held", "last_held")
+
+    def __init__(self, stream: CallStream, max_frame: int, held: CallBytes | None = None):
         self.stream = stream
         self.max_frame = max_frame
         self._decoder = FrameDecoder(max_frame)
+        self._held = held
+        self.last_held = 0  # bytes of the last frame read that count as held (to give back early)
 
     async def read(self) -> tuple[bool, object]:
         """``(True, value)`` for the next frame, ``(False, None)`` at a clean end.
 
         An end in the middle of a frame raises FrameError; a reset raises
-        StreamAborted; a malformed or oversized frame raises FrameError.
+        StreamAborted; a malformed or oversized frame raises FrameError; with
+        ``held``, a frame over the budget raises OverBudget once its header is
+        here (its body unread), and the frame returned stays held until the
+        call ends or ``held.give(self.last_held)``.
         """
-        decoder = self._decoder
+        decoder, held = self._decoder, self._held
+        counted = held is None
         while True:
+            if not counted and (size := decoder.declared) is not None:
+                if size <= self.max_frame:  # a larger one is FrameTooLarge, whatever the budget
+                    self.last_held = held.take(size)
+                counted = True
             ok, value = decoder.next_frame()
             if ok:
                 return True, value
@@ -54,6 +71,12 @@ class Framed:
                     raise FrameError("stream ended in the middle of a frame")
                 return False, None
             decoder.feed(data)
+
+    def let_go(self) -> None:
+        """Stop counting the last frame read as held (it has been handed on)."""
+        if self.last_held:
+            self._held.give(self.last_held)
+            self.last_held = 0
 
     async def read_answer(self, ended: str, *, errors: bool = True) -> tuple[int, object]:
         """The peer's next frame as ``(type, payload)``, failures as RpcErrors.
@@ -80,11 +103,17 @@ class Framed:
     async def write(self, value: object, *, eof: bool = False) -> None:
         """Send one frame (and with ``eof``, end our side after it).
 
-        Raises FrameTooLarge, having sent nothing, if it exceeds the limit.
+        Raises FrameTooLarge, having sent nothing, if it exceeds the limit,
+        and with ``held`` OverBudget, having sent nothing, if it passes the budget.
         """
         header, body = frame_parts(value, self.max_frame)
-        if len(body) < _SEPARATE_BODY:
-            await self.stream.send_all(header + body, eof)
-        else:  # a large body is not worth copying once more behind its header
-            await self.stream.send_all(header)
-            await self.stream.send_all(body, eof)
+        counted = self._held.take(len(body)) if self._held is not None else 0
+        try:
+            if len(body) < _SEPARATE_BODY:
+                await self.stream.send_all(header + body, eof)
+            else:  # a large body is not worth copying once more behind its header
+                await self.stream.send_all(header)
+                await self.stream.send_all(body, eof)
+        finally:
+            if counted:
+                self._held.give(counted)

@@ -33,6 +33,10 @@ class RpcConfig:
     # calls each peer may run at once however busy the node is (16: a relay's circuits to one
     # target, at most relay.max_circuits, never wait)
     peer_share: int = field(default=16, metadata={"min": 1, "max": 1 << 20})
+    # bytes the calls served to one peer may hold at once (requests, answers not yet sent), and
+    # to all peers: a frame of 64 KiB or more past either is refused, not waited for (rpc/budget.py)
+    peer_held_bytes: int = field(default=32 << 20, metadata={"min": 1 << 20, "max": 1 << 40})
+    held_bytes: int = field(default=256 << 20, metadata={"min": 1 << 20, "max": 1 << 40})
 
 
 class _Connection(Protocol):
@@ -54,6 +58,7 @@ class PeerRpc:
             max_frame=config.max_frame, max_calls_per_peer=config.max_calls_per_peer,
             first_frame_timeout=config.first_frame_timeout, max_call_timeout=config.max_call_timeout,
             busy_calls=config.busy_calls, peer_share=config.peer_share,
+            held_bytes=config.held_bytes, peer_held_bytes=config.peer_held_bytes,
         )
         self._observer: CallTable | None = None
 

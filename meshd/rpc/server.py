@@ -15,7 +15,9 @@ RpcError); every other exception is reported to the caller as INTERNAL.
 Once the node is busy, a call may first wait for its turn (:class:`FairShare`:
 a peer then runs at most its share, and the peer with fewest calls in flight
 goes first), before its request is read, so QUIC flow control holds the
-peer's bytes back meanwhile.
+peer's bytes back meanwhile.  The bytes calls hold (requests, answers not yet
+sent) are bounded per peer and node-wide (:class:`ByteBudget`): a frame past
+either is answered RESOURCE_EXHAUSTED, its body unread.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from .errors import (
     RpcError,
     UnknownMethod,
 )
+from .budget import ByteBudget, CallBytes, OverBudget
 from .channel import Channel
 from .fair import FairShare
 from .framed import Framed
@@ -80,13 +83,17 @@ class RpcServer:
         explain_unknown: Callable[[str], RpcError | None] | None = None,
         busy_calls: float = math.inf,
         peer_share: int = 1,
+        held_bytes: float = math.inf,
+        peer_held_bytes: float = math.inf,
     ):
         """``explain_unknown(name)`` may give the error for a method not
         registered (say, of a service that is off); UNKNOWN_METHOD otherwise.
 
         From ``busy_calls`` calls running in all, a peer that runs
         ``peer_share`` or more waits its turn (:class:`FairShare`); by default
-        no call waits.
+        no call waits.  The frames calls hold may add up to ``held_bytes`` in
+        all and ``peer_held_bytes`` per peer (:class:`ByteBudget`); by default
+        they are not bounded.
         """
         self.max_frame = max_frame
         self.max_calls_per_peer = max_calls_per_peer
@@ -95,6 +102,7 @@ class RpcServer:
         self._explain_unknown = explain_unknown
         self._methods: dict[str, _Method] = {}
         self._turns: FairShare[trio.Event] = FairShare(busy_calls, peer_share)
+        self.budget = ByteBudget(held_bytes, peer_held_bytes)
         self.observer: CallTable | None = None  # counts each call that reached its handler, once set
 
     def register(self, name: str, handler: Callable, *, kind: str | None = None) -> None:
@@ -133,22 +141,26 @@ class RpcServer:
         """
         if not await self._turn(stream, peer):
             return
+        held = CallBytes(self.budget, peer)
         try:
             observer = self.observer
             if observer is not None:
                 stream = CountingStream(stream)
-            framed = Framed(stream, self.max_frame)
+            framed = Framed(stream, self.max_frame, held)
             try:
                 await self._serve(framed, peer, info or {}, observer)
             except StreamAborted:
                 stream.abort()
             except RpcError as exc:
                 await self._send_error(framed, exc)
+            except OverBudget as exc:
+                await self._send_error(framed, ResourceExhausted(str(exc)))
             except FrameTooLarge as exc:
                 await self._send_error(framed, FrameTooLargeError(str(exc)))
             except FrameError as exc:
                 await self._send_error(framed, ProtocolViolation(str(exc)))
         finally:
+            held.end()
             self._end(peer)
 
     async def _turn(self, stream: CallStream, peer: Any) -> bool:
@@ -258,7 +270,7 @@ class RpcServer:
                     await self._stream_items(framed, method.handler(request.arg, ctx))
             stream.cancel_on_abort(None)
             await stream.close()
-        except (RpcError, FrameError, StreamAborted):
+        except (RpcError, FrameError, StreamAborted, OverBudget):
             raise
         except Exception as exc:  # a handler bug must not take the node down
             log.warning("handler %s failed: %r", ctx.method, exc, exc_info=True)
@@ -298,6 +310,7 @@ async def _incoming_items(framed: Framed, aborted: trio.CancelScope) -> AsyncIte
         if not ok:
             aborted.cancel()
             await trio.lowlevel.checkpoint()
+        framed.let_go()  # an item is held while it arrives; the handler keeps what it keeps
         kind, value = P.parse_frame(frame)
         if kind == P.END:
             return

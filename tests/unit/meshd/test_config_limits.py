@@ -45,6 +45,8 @@ KEYS = [
     ("rpc", "max_call_timeout", 3600.0, 60.0),
     ("rpc", "busy_calls", 32, 8),
     ("rpc", "peer_share", 16, 2),
+    ("rpc", "peer_held_bytes", 32 << 20, 8 << 20),
+    ("rpc", "held_bytes", 256 << 20, 64 << 20),
     ("dht", "peer_rate", 20.0, 5.0),
     ("dht", "peer_burst", 200, 50),
     ("dht", "max_per_prefix", 3, 1),
@@ -76,6 +78,8 @@ BAD = [
     ("rpc", "max_call_timeout", math.nan),
     ("rpc", "busy_calls", 0),
     ("rpc", "peer_share", 0),
+    ("rpc", "peer_held_bytes", 1000),
+    ("rpc", "held_bytes", 0),
     ("dht", "peer_rate", 0.0),
     ("dht", "peer_burst", 0),
     ("dht", "max_per_prefix", 0),
@@ -265,6 +269,11 @@ def served_by(rpc_keys: dict) -> RpcServer:
 def test_the_fairness_keys_reach_the_peer_rpc_server():
     turns = served_by({"busy_calls": 8, "peer_share": 2})._turns
     assert (turns.busy, turns.share) == (8, 2)
+
+
+def test_the_byte_budget_keys_reach_the_peer_rpc_server():
+    budget = served_by({"peer_held_bytes": 8 << 20, "held_bytes": 64 << 20}).budget
+    assert (budget.share, budget.total) == (8 << 20, 64 << 20)
 
 
 @pytest.mark.parametrize("keys,waited", [({}, 10.0), ({"first_frame_timeout": 2.0}, 2.0)])
