@@ -72,7 +72,8 @@ async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path
         hashes = {opt.group.hash for opt in opts}
         assert len(hashes) == 1 and None not in hashes
         assert all(opt.group.hash_round == 2 for opt in opts)
-        assert all(r.contributors == 3 and r.missing_values == 0 for opt in opts for r in opt.reports)
+        assert all(r.contributors == 3 and r.missing_values == 0 for opt in opts for r in opt.reports), \
+            [[(r.round, r.contributors, r.missing_values, round(r.seconds, 2)) for r in opt.reports] for opt in opts]
         for name in opts[0].theta:
             assert all(torch.equal(opts[0].theta[name], opt.theta[name]) for opt in opts[1:])
         bulk = [node.service("learning").bulk for node in nodes]
@@ -123,23 +124,52 @@ async def test_a_round_has_one_roster_even_where_members_views_differ(tmp_path):
     config = Config()
     config.learning = LearningSection(heartbeat_interval=30.0, discover_interval=30.0, round_timeout_min=2.0)
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 3, config)
-        groups = sorted((node.service("learning").join(GROUP, algorithm="diloco", rule="mean") for node in nodes),
-                        key=lambda g: g.me)
-        with trio.fail_after(10):
-            for group in groups:
-                for other in groups:
-                    if other is not group:
-                        group.heard_of(other.me)
-                        group.wake.set()
-                while len(group.live()) < 3:
-                    await group._heard.wait()
-        lowest, _, highest = groups
+        groups = await _three_groups(stack, tmp_path, config)
+        lowest, highest = groups[0], groups[-1]
         highest.view.drop(lowest.me)  # the highest member has lost sight of the lowest
         assert lowest.me not in highest.contributors(0)
         everyone = sorted(g.me for g in groups)
         assert await highest.roster(0) == everyone  # taken from the middle one, which took it from the lowest
         assert await lowest.roster(0) == everyone
+
+
+async def _three_groups(stack, tmp_path, config) -> list:
+    """Three members of one group that have heard each other, lowest key first."""
+    nodes = await open_nodes(stack, tmp_path, 3, config)
+    groups = sorted((node.service("learning").join(GROUP, algorithm="diloco", rule="mean") for node in nodes),
+                    key=lambda g: g.me)
+    with trio.fail_after(10):
+        for group in groups:
+            for other in groups:
+                if other is not group:
+                    group.heard_of(other.me)
+                    group.wake.set()
+            while len(group.live()) < 3:
+                await group._heard.wait()
+    return groups
+
+
+async def test_a_member_on_the_last_roster_stays_on_before_its_hello_says_it_joined(tmp_path):
+    """A round can end before the hello that says a member took the state at the start (no hellos here)."""
+    config = Config()
+    config.learning = LearningSection(heartbeat_interval=30.0, discover_interval=30.0, round_timeout_min=2.0)
+    async with AsyncExitStack() as stack:
+        groups = await _three_groups(stack, tmp_path, config)
+        lowest = groups[0]
+        everyone = sorted(g.me for g in groups)
+        assert await lowest.roster(0) == everyone  # at the start: members that have not said, in round 0
+        lowest.round = 1
+        assert all(m.joined is None and m.round == 0 for m in lowest.view.members.values())
+        assert await lowest.roster(1) == everyone
+
+
+async def test_a_stall_of_the_members_own_process_does_not_leave_the_others_off_its_roster(tmp_path):
+    async with AsyncExitStack() as stack:
+        groups = await _three_groups(stack, tmp_path, _config(tmp_path))
+        lowest = groups[0]
+        time.sleep(1.6 * lowest.view.dead_after())  # the process stalls: the others' hellos wait unread
+        assert lowest.view.live(trio.current_time()) == []
+        assert await lowest.roster(0) == sorted(g.me for g in groups)
 
 
 async def test_a_group_that_stalled_past_its_timeout_finds_itself_again(tmp_path):

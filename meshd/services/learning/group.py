@@ -236,14 +236,17 @@ class Group:
 
     def contributors(self, round: int) -> list[bytes]:
         """The members expected to contribute to ``round`` (sorted keys): the live trainers
-        that joined by then, and those that have not said when they join (they have no state
-        of the group's yet) if they work on ``round`` itself.  Those say round 0: at a run's
-        start they are in round 0; one that comes (or comes back) later is left off the round
-        in progress, which it could not contribute to before it has taken the state."""
+        that joined by then or were on the round before's roster, and those that have not
+        said when they join (they have no state of the group's yet) if they work on ``round``
+        itself.  Those say round 0: at a run's start they are in round 0; one that comes (or
+        comes back) later is left off the round in progress, which it could not contribute
+        to before it has taken the state.  The roster before counts because a round can end
+        before the hello that says a member joined comes (a member that took the state at
+        a run's start says so in its next hello)."""
         now = trio.current_time()
-        members = self.view.members
-        unsaid = [p for p in self.view.live(now)
-                  if members[p].joined is None and members[p].role == "trainer" and members[p].round == round]
+        members, before = self.view.members, set(self._rosters.get(round - 1, ()))
+        unsaid = [p for p in self.view.live(now) if members[p].joined is None and members[p].role == "trainer"
+                  and (members[p].round == round or p in before)]
         return sorted({*self.view.eligible(round, now), *unsaid, self.me})
 
     # --- offering and pulling tensor sets ------------------------------------------------
@@ -384,13 +387,35 @@ class Group:
                 continue
             pending = self._roster_pending[round] = trio.Event()
             try:
-                self._rosters[round] = await self._ask_roster(round) or self.contributors(round)
+                roster = await self._ask_roster(round)
+                if roster is None:
+                    await self._hear_the_lately_quiet()
+                    roster = self.contributors(round)
+                    log.debug("group %s: fixed round %d's roster: %d members", self.name, round, len(roster))
+                self._rosters[round] = roster
                 while len(self._rosters) > KEEP_ROUNDS:
                     del self._rosters[min(self._rosters)]
             finally:
                 del self._roster_pending[round]
                 pending.set()
         return self._rosters[round]
+
+    async def _hear_the_lately_quiet(self) -> None:
+        """Before a roster is fixed from this member's view: give the members that went
+        quiet only lately (silent for one to three dead-after spans) up to a heartbeat
+        to be heard.
+
+        A stall of this process (a long reduce, a busy machine) leaves their hellos
+        unread meanwhile, so on waking every other member looks quiet; counting that as
+        their silence fixed rosters of this member alone.  A member really gone costs
+        this wait for two spans, at most a heartbeat per roster fixed."""
+        def lately_quiet() -> list[bytes]:
+            now, dead_after = trio.current_time(), self.view.dead_after()
+            return [p for p, m in self.view.members.items() if dead_after <= now - m.last_seen < 3 * dead_after]
+
+        with trio.move_on_after(self.view.heartbeat_interval):
+            while lately_quiet():
+                await self._heard.wait()
 
     async def _ask_roster(self, round: int) -> list[bytes] | None:
         """The roster of the lowest member below this one that has or fixes one;
