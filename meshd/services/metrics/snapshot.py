@@ -36,8 +36,16 @@ def take(host: Host, calls: CallStats | None, sources: Mapping[str, Figures], up
         "connections": connections_by_path(host),
         "rpc": rpc,
         "bytes": bytes_by_service(rpc),
-        "services": {name: source.figures() for name, source in sources.items()},
+        "services": {"rpc": serving(host), **{name: source.figures() for name, source in sources.items()}},
     }
+
+
+def serving(host: Host) -> dict[str, int]:
+    """What the node's RPC server holds back: calls waiting for their turn, the bytes
+    served calls hold, and the frames refused for passing a byte budget."""
+    server = host.rpc.server
+    return {"calls_waiting": server.calls_waiting, "held_bytes": server.budget.held,
+            "refused_frames_total": server.budget.refused}
 
 
 def connections_by_path(host: Host) -> dict[str, int]:

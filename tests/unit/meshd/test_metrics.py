@@ -24,7 +24,7 @@ from meshd.rpc.peer import PeerRpc, RpcConfig
 from meshd.rpc.stats import OTHER, CallStats, CallTable
 from meshd.services.metrics import Metrics, MetricsSection
 from meshd.services.metrics.families import HELP, families
-from meshd.services.metrics.snapshot import bytes_by_service, service_of
+from meshd.services.metrics.snapshot import bytes_by_service, service_of, serving
 
 MAX = 1 << 20
 
@@ -204,7 +204,9 @@ def test_every_figure_a_service_gives_is_documented_under_its_own_name(tmp_path)
     try:
         metrics = next(s for s in built if isinstance(s, Metrics))
         names = [f"meshd_{name}_{key}".removesuffix("_total")
-                 for name, source in metrics._sources.items() for key in source.figures()]
+                 for name, figures in [("rpc", serving(FakeHost(tmp_path))),
+                                       *((name, source.figures()) for name, source in metrics._sources.items())]
+                 for key in figures]
         assert len(names) == len(set(names))  # one family per name, counters included
         assert not set(names) - set(HELP)
     finally:
@@ -234,6 +236,7 @@ async def test_recording_starts_with_the_first_snapshot(tmp_path):
     assert host.rpc.server.observer is None  # nothing asked: the RPC layer pays nothing
     snap = await metrics._control_snapshot(None, None)
     assert snap["recording"] and snap["rpc"] == {"served": {}, "called": {}}
+    assert snap["services"]["rpc"] == {"calls_waiting": 0, "held_bytes": 0, "refused_frames_total": 0}
     assert host.rpc.server.observer is not None and metrics.status()["recording"]
 
 
