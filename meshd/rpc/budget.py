@@ -18,6 +18,8 @@ import math
 from collections import Counter
 from typing import Hashable
 
+from .errors import ResourceExhausted
+
 
 class ByteBudget:
     """The bytes each peer's calls hold, and whether one more frame may be held."""
@@ -66,8 +68,9 @@ class ByteBudget:
                 del self._by_peer[peer]
 
 
-class OverBudget(Exception):
-    """A frame would pass its peer's share or the node's total of held bytes."""
+class OverBudget(ResourceExhausted):
+    """A frame would pass its peer's share or the node's total of held bytes
+    (RESOURCE_EXHAUSTED on the wire)."""
 
 
 class CallBytes:

@@ -43,7 +43,7 @@ from .errors import (
     RpcError,
     UnknownMethod,
 )
-from .budget import ByteBudget, CallBytes, OverBudget
+from .budget import ByteBudget, CallBytes
 from .channel import Channel
 from .fair import FairShare
 from .framed import Framed
@@ -153,8 +153,6 @@ class RpcServer:
                 stream.abort()
             except RpcError as exc:
                 await self._send_error(framed, exc)
-            except OverBudget as exc:
-                await self._send_error(framed, ResourceExhausted(str(exc)))
             except FrameTooLarge as exc:
                 await self._send_error(framed, FrameTooLargeError(str(exc)))
             except FrameError as exc:
@@ -270,7 +268,7 @@ class RpcServer:
                     await self._stream_items(framed, method.handler(request.arg, ctx))
             stream.cancel_on_abort(None)
             await stream.close()
-        except (RpcError, FrameError, StreamAborted, OverBudget):
+        except (RpcError, FrameError, StreamAborted):
             raise
         except Exception as exc:  # a handler bug must not take the node down
             log.warning("handler %s failed: %r", ctx.method, exc, exc_info=True)
