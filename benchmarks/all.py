@@ -315,13 +315,23 @@ def main() -> int:
     if unknown:
         parser.error(f"no benchmark named {', '.join(sorted(unknown))}")
     out = Path(args.out)
+    results: list[Result] = []
     with tempfile.TemporaryDirectory() as scratch:
-        results = [run(bench, args.quick, Path(scratch)) for bench in chosen]
-    plot_dir = out.stem
-    plots = plot(results, out.parent / plot_dir)
-    out.write_text(page(results, plots, args.quick, plot_dir))
-    print(f"wrote {out} and {len(plots)} plots in {out.parent / plot_dir}")
+        for bench in chosen:  # the page is rewritten after each, so a run cut short keeps what it measured
+            results.append(run(bench, args.quick, Path(scratch)))
+            plots = write(out, results, [b.name for b in chosen[len(results):]], args.quick)
+    print(f"wrote {out} and {len(plots)} plots in {out.parent / out.stem}")
     return max((abs(r.returncode) for r in results), default=0)
+
+
+def write(out: Path, results: list[Result], pending: list[str], quick: bool) -> list[tuple[str, str]]:
+    """Write the page (and its plots) for ``results``, naming the benchmarks still to run."""
+    plots = plot(results, out.parent / out.stem)
+    text = page(results, plots, quick, out.stem)
+    if pending:
+        text = text.replace("\n\n", f"\n\nStill to run when this page was written: {', '.join(pending)}.\n\n", 1)
+    out.write_text(text)
+    return plots
 
 
 if __name__ == "__main__":
