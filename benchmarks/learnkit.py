@@ -59,15 +59,18 @@ async def wait_group(nodes, timeout: float = 30.0) -> None:
                 await trio.sleep(0.05)
 
 
-async def train_diloco(opts, models, data, steps: int) -> float:
+async def train_diloco(opts, models, data, steps: int, schedules=None) -> float:
     """Every member trains at once: ``steps`` inner steps on its own batches (:func:`batches`),
-    each ending in ``await opts[m].step(...)``; returns the wall seconds."""
+    each ending in ``await opts[m].step(...)`` (then ``schedules[m].step()``, if given); returns
+    the wall seconds."""
     async def train(m: int) -> None:
         x, y = data[m]
         for step in range(steps):
             bx, by = batches(x, y, m, step)
             torch.nn.functional.cross_entropy(models[m](bx), by).backward()
             await opts[m].step(samples=BATCH)
+            if schedules:
+                schedules[m].step()
 
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
@@ -117,22 +120,31 @@ def local_epochs(model, opt, x, y, epochs: int, seed: int, batch: int = BATCH) -
             opt.step()
 
 
-def data_parallel(make_model, data, members: int, steps: int) -> torch.nn.Module:
-    """Synchronous data parallel computed centrally: one ``make_model()`` trained with AdamW
-    (lr 1e-3) on the members' batches, their gradients averaged every step; the model."""
-    model = make_model()
+def adamw(model: torch.nn.Module, lr_lambda=None):
+    """AdamW at lr 1e-3 for ``model``, and with ``lr_lambda`` (the lr at each inner step, as a
+    share of 1e-3) its LambdaLR, to step after each inner step (else None)."""
     opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda) if lr_lambda is not None else None
+
+
+def data_parallel(make_model, data, members: int, steps: int, lr_lambda=None) -> torch.nn.Module:
+    """Synchronous data parallel computed centrally: one ``make_model()`` trained with AdamW
+    (:func:`adamw`) on the members' batches, their gradients averaged every step; the model."""
+    model = make_model()
+    opt, schedule = adamw(model, lr_lambda)
     for step in range(steps):
         opt.zero_grad()
         for m, (x, y) in enumerate(data):
             bx, by = batches(x, y, m, step)
             (torch.nn.functional.cross_entropy(model(bx), by) / members).backward()
         opt.step()
+        if schedule is not None:
+            schedule.step()
     return model
 
 
-async def diloco_run(root: Path, make_model, data, members: int, steps: int, **kw) -> dict:
-    """``members`` DiLoCo members (AdamW lr 1e-3 inside, ``kw`` for DiLoCo) train
+async def diloco_run(root: Path, make_model, data, members: int, steps: int, lr_lambda=None, **kw) -> dict:
+    """``members`` DiLoCo members (AdamW inside, :func:`adamw`; ``kw`` for DiLoCo) train
     ``make_model()`` on their ``data`` for ``steps`` inner steps: member 0's model,
     bytes each sent in exchanges, whether their hashes agree, rounds, times."""
     import meshd.learning as ml  # noqa: PLC0415  (torch's heavier half, for the runs that train)
@@ -140,10 +152,12 @@ async def diloco_run(root: Path, make_model, data, members: int, steps: int, **k
     async with AsyncExitStack() as stack:
         nodes = await open_members(stack, root, members, **SERVICE_TIMINGS)
         models = [make_model() for _ in range(members)]
-        opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.AdamW(model.parameters(), 1e-3), group=GROUP, **kw)
-                for node, model in zip(nodes, models)]
+        inner = [adamw(model, lr_lambda) for model in models]
+        opts = [ml.DiLoCo(node, model, inner_opt=opt, group=GROUP, **kw)
+                for node, model, (opt, _) in zip(nodes, models, inner)]
         await wait_group(nodes)
-        wall = await train_diloco(opts, models, data, steps)
+        wall = await train_diloco(opts, models, data, steps,
+                                  [schedule for _, schedule in inner] if lr_lambda is not None else None)
         hashes = {opt.group.hash for opt in opts}
         sent = [sum(r.bytes_out for r in opt.reports) for opt in opts]  # exchanges, not the initial state
         syncs = [r for opt in opts for r in opt.reports]
