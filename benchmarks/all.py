@@ -42,7 +42,7 @@ class Bench:
     timeout: float = 1800.0
 
 
-BENCHES = [
+BENCHES = [  # the network's, then the AI half's: the longest (learning) last
     Bench("rpc", "rpc.py", quick=["--calls", "500", "--bulk-mib", "64", "--no-anchors"], json=True),
     Bench("cli", "cli.py", quick=["--runs", "5"]),
     Bench("dht", "dht.py", quick=["--skip", "sim,anchors", "--daemons", "8", "--ops", "30"], json=True),
@@ -52,17 +52,17 @@ BENCHES = [
     Bench("pmtu", "pmtu.py", quick=["--mib", "16", "--runs", "1"]),
     Bench("lan", "lan.py", quick=["--mib", "8", "--runs", "1"]),
     Bench("nat", "nat.py", quick=["--runs", "1", "--pairs", "home-home,symmetric-home"]),
+    Bench("metrics", "metrics.py", quick=["--calls", "200", "--rounds", "2"]),
+    Bench("abuse", "abuse.py", quick=["--quiet", "2", "--attack", "2", "--only", "garbage,call_flood"]),
+    Bench("experts", "experts.py", quick=["--quick"], json=True),
+    Bench("learning_throughput", "learning_throughput.py", quick=["--mib", "32", "--syncs", "1", "--skip", "hivemind"]),
+    Bench("learning_client", "learning_client.py", quick=["--mib", "16", "--syncs", "2"]),
     Bench("learning", "learning.py", quick=["--quick"], json=True),
     Bench("learning_charlm", "learning_charlm.py", quick=["--quick"]),
     Bench("learning_churn", "learning_churn.py", quick=["--quick"]),
     Bench("learning_robust", "learning_robust.py", quick=["--quick"]),
     Bench("learning_islands", "learning_islands.py", quick=["--steps", "100"]),
     Bench("learning_sim", "learning_sim.py", quick=["--quick"]),
-    Bench("learning_throughput", "learning_throughput.py", quick=["--mib", "32", "--syncs", "1", "--skip", "hivemind"]),
-    Bench("learning_client", "learning_client.py", quick=["--mib", "16", "--syncs", "2"]),
-    Bench("experts", "experts.py", quick=["--quick"], json=True),
-    Bench("metrics", "metrics.py", quick=["--calls", "200", "--rounds", "2"]),
-    Bench("abuse", "abuse.py", quick=["--quiet", "2", "--attack", "2", "--only", "garbage,call_flood"]),
 ]
 
 

@@ -172,6 +172,26 @@ async def test_a_stall_of_the_members_own_process_does_not_leave_the_others_off_
         assert await lowest.roster(0) == sorted(g.me for g in groups)
 
 
+async def test_a_roster_held_above_is_taken_from_members_busy_when_first_asked(tmp_path):
+    """The lowest member, back after the others fixed a round without it, must take their roster
+    rather than fix one of its own, though they take longer than a heartbeat to answer at first."""
+    async with AsyncExitStack() as stack:
+        groups = await _three_groups(stack, tmp_path, _config(tmp_path))
+        lowest, others = groups[0], groups[1:]
+        theirs = sorted(g.me for g in others)
+        for group in others:
+            group._rosters[0] = theirs
+            answer, busy = group.serve_roster, [True]
+
+            async def slow_at_first(peer, arg, answer=answer, busy=busy):
+                if busy.pop() if busy else False:
+                    await trio.sleep(2 * group.view.heartbeat_interval)  # busy: the asker's first try times out
+                return await answer(peer, arg)
+
+            group.serve_roster = slow_at_first
+        assert await lowest.roster(0) == theirs
+
+
 async def test_a_group_that_stalled_past_its_timeout_finds_itself_again(tmp_path):
     async with AsyncExitStack() as stack:
         nodes = await open_nodes(stack, tmp_path, 3, _config(tmp_path))

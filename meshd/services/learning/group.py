@@ -422,31 +422,41 @@ class Group:
         failing that, one a member above already holds (this member joined or
         came back after it was fixed); None if nobody has one.
 
-        A member below that is live but slow to answer is asked again until it
+        A member that is live but slow to answer is asked again until it
         answers or goes quiet (one busy member does not split the round); one
         gone quiet is forgotten until heard again, so a dead member costs its
-        silence, once.  Members gone quiet are asked too: a busy member can be
-        late with its hellos and still be the one that fixed the roster."""
+        silence, once.  Members below gone quiet are asked too: a busy member
+        can be late with its hellos and still be the one that fixed the roster."""
         deadline = trio.current_time() + self.clock.timeout()
         for peer in sorted(k for k in self.view.members if k < self.me):
             roster = await self._roster_from(peer, round, deadline)
             if roster is not None:
                 return roster
         found: list = []
+
+        async def held(peer: bytes) -> None:
+            roster = await self._roster_from(peer, round, deadline, held=True)
+            if roster is not None:
+                found.append(roster)
+                nursery.cancel_scope.cancel()
+
         async with trio.open_nursery() as nursery:
             for peer in self.view.live(trio.current_time()):
                 if peer > self.me:
-                    nursery.start_soon(self._held_roster, peer, round, found, nursery.cancel_scope)
+                    nursery.start_soon(held, peer)
         return found[0] if found else None
 
-    async def _roster_from(self, peer: bytes, round: int, deadline: float) -> list[bytes] | None:
-        arg = {"group": self.name, "round": round}
+    async def _roster_from(self, peer: bytes, round: int, deadline: float, *, held: bool = False) -> list[bytes] | None:
+        """``peer``'s roster of ``round`` (with ``held``, only one it has already: a
+        quick look, asked again after each heartbeat without an answer); None once
+        it says it gives none, goes quiet, or ``deadline`` passes."""
+        arg = {"group": self.name, "round": round, **({"held": True} if held else {})}
         while True:
             try:
-                with trio.fail_after(self.clock.floor):
+                with trio.fail_after(self.view.heartbeat_interval if held else self.clock.floor):
                     return self._check_roster(await self._host.rpc.call(PeerId(peer), "learning.roster", arg))
             except (NotFound, InvalidArgument, PermissionDenied) as exc:  # it will not give one: next
-                log.info("group %s: %s gives no roster of round %d: %s", self.name, PeerId(peer).short(), round, exc)
+                log.debug("group %s: %s gives no roster of round %d: %s", self.name, PeerId(peer).short(), round, exc)
                 return None
             except (RpcError, trio.TooSlowError, OSError) as exc:
                 log.info("group %s: no roster of round %d from %s yet: %r", self.name, round, PeerId(peer).short(), exc)
@@ -457,15 +467,6 @@ class Group:
                 return None
             with trio.move_on_after(self.view.heartbeat_interval):  # give it a moment, or hear it go quiet
                 await self._heard.wait()
-
-    async def _held_roster(self, peer: bytes, round: int, found: list, scope: trio.CancelScope) -> None:
-        arg = {"group": self.name, "round": round, "held": True}
-        try:
-            with trio.fail_after(self.view.heartbeat_interval):  # a quick look: a live member answers at once
-                found.append(self._check_roster(await self._host.rpc.call(PeerId(peer), "learning.roster", arg)))
-            scope.cancel()
-        except (RpcError, trio.TooSlowError, OSError):
-            pass
 
     async def serve_roster(self, peer: PeerId, arg: object) -> dict:
         """Answer ``learning.roster``: the roster of ``arg``'s round (fixing or
