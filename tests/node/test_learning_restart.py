@@ -21,9 +21,7 @@ from learning_members import (
 from meshnodes import open_nodes
 
 
-# Not "lowest" (the rosters' fixer) in the suite yet: since the fixes of 2026-11-26 it passed 17 of 17
-# runs alone under load, but failed once in a full-suite run (docs/learning.md, "Not built yet").
-@pytest.mark.parametrize("victim", ["highest"])
+@pytest.mark.parametrize("victim", ["highest", "lowest"])
 async def test_a_restarted_member_takes_the_current_state_and_contributes_again(tmp_path, victim):
     """Stop a member's node mid-run (the lowest key: the one the others ask for rosters and
     take the state from; or the highest), let the others go on, start it again on the same
