@@ -56,7 +56,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rss-bound", type=int, default=plan.rss_bound_mib, help="MiB per daemon (peak RSS)")
     p.add_argument("--model-mib", type=int, default=8, help="size of the published model (MiB)")
     p.add_argument("--members", type=int, default=3, help="DiLoCo member processes, 0 for no training (default 3)")
-    p.add_argument("--train-steps", type=int, default=1000, help="inner steps each member takes (default 1000)")
+    p.add_argument("--train-steps", type=int, default=20000,
+                   help="inner steps each member takes at most (default 20000): the members end together a few "
+                        "rounds after the restarted one is back in, whatever the machine's speed")
     p.add_argument("--inner-steps", type=int, default=50, help="H, inner steps per outer round (default 50)")
     p.add_argument("--member-kill-at", type=int, default=5, help="the round at which a member is SIGKILLed")
     p.add_argument("--expert-servers", type=int, default=2, help="expert server processes, 0 for none (default 2)")

@@ -55,8 +55,8 @@ async def train(args) -> None:
         with trio.fail_after(60):
             while len(opt.group.live()) < args.wait_for:
                 await trio.sleep(0.1)
-        step, seen = 0, opt.group.hash_round
-        while step < args.steps:
+        step, seen, stop_after = 0, opt.group.hash_round, None
+        while step < args.steps and (stop_after is None or seen < stop_after):
             bx, by = batches(xs, ys, args.member, step)
             torch.nn.functional.cross_entropy(model(bx), by).backward()
             await opt.step(samples=BATCH)
@@ -67,6 +67,8 @@ async def train(args) -> None:
                 report(args, {"round": seen, "acc": accuracy(model, x_test, y_test), "hash": opt.group.hash.hex(),
                               "contributors": last.contributors if last and last.round == seen else 0,
                               "missing": last.missing_values if last and last.round == seen else 0})
+                if args.stop_file is not None and args.stop_file.exists():
+                    stop_after = int(args.stop_file.read_text())
         report(args, {"done": True, "acc": accuracy(model, x_test, y_test), "resyncs": opt.resyncs,
                       "bytes_out": sum(opt.group.bytes_out.values())})
 
@@ -80,6 +82,8 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=1, help="how many shares the data is cut into")
     parser.add_argument("--wait-for", type=int, default=1, help="live members to wait for before training")
     parser.add_argument("--steps", type=int, default=600, help="inner steps in all")
+    parser.add_argument("--stop-file", type=Path,
+                        help="once this file exists, end after the outer round it names (checked after each round)")
     parser.add_argument("--inner-steps", type=int, default=50, help="H: inner steps between outer steps")
     parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16", "int8", "int4"])
     parser.add_argument("--heartbeat", type=float, default=0.5, help="seconds between hellos")

@@ -90,6 +90,14 @@ def test_training_checks_hold_live_members_to_one_hash_after_their_last_round():
     log.scripts[3].process = SimpleNamespace(returncode=1, poll=lambda: 1)
     log.scripts[3].done = None
     assert verdicts(log)["no member exited but the killed one"] is False
+    # told to end on round 3 of a budget of 40: the group ends there
+    long = TrainingPlan(members=3, steps=400, inner_steps=10, kill_at=1)
+    told = TrainingLog(long, [member("m0", same), member("m1", same), member("m2", same[:2], done=False, code=-9,
+                                                                              killed=True),
+                              member("m2'", same[2:])], killed_at=1, victim="m2", back_at=2, seconds=9.0)
+    assert verdicts(told)["every round completed"] is False  # 4 of 40 rounds
+    told.stop_after = 3
+    assert all(verdicts(told).values())
     # a restart that never reported a round
     log = TrainingLog(plan, [member("m0", same), member("m1", same)], killed_at=1, victim="m2", back_at=None)
     assert verdicts(log)["every round completed"] is False

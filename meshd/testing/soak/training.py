@@ -8,9 +8,14 @@ cluster's seed daemon, one torch thread.  Each prints its state hash after
 every outer round.  Once the group has reached round ``kill_at`` the last
 member is SIGKILLed (by its PID); ``down_time`` s later it is started again
 on its data dir (the same identity, a fresh process with another init): it
-takes the group's state and round from a live member and trains on to the
-end with the others.  Meanwhile the daemons around them are killed and
-restarted by the soak's chaos.
+takes the group's state and round from a live member and trains on with the
+others.  Once it has reported ``rounds_back`` rounds (or its restart
+failed), every member is told to end ``rounds_after`` rounds after the
+group's latest (a stop file each member reads after every round), so the
+members end together whatever the machine's speed: with only ``steps``,
+fast rounds let the others finish before the restarted member was back.
+Meanwhile the daemons around them are killed and restarted by the soak's
+chaos.
 
 The checks (:func:`training_checks`): the group completed every round and
 each member not killed finished; every member that reported a round reported
@@ -39,11 +44,13 @@ class TrainingPlan:
     """The training of a soak: members, how long they train, when one is killed and back."""
 
     members: int = 3
-    steps: int = 400  # inner steps each member takes in all (steps // inner_steps rounds)
+    steps: int = 400  # inner steps each member takes at most (steps // inner_steps rounds)
     inner_steps: int = 10  # H
     kill_at: int | None = 3  # the round at which the last member is SIGKILLed (None: no kill)
     down_time: float = 1.0  # seconds before it is started again
     same_identity: bool = True  # it comes back on its data dir (its key); False: a new member joins instead
+    rounds_back: int = 2  # rounds the restarted member reports before the members are told when to end
+    rounds_after: int = 3  # ... which is this many rounds after the group's latest then
     timeout: float = 240.0  # bound on the whole training, starts included
     start_timeout: float = 180.0  # bound on one member's start (importing torch took over 60 s at a load of 36)
     group: str = "soak-digits"
@@ -65,6 +72,12 @@ class TrainingLog:
     start_failures: list[str] = field(default_factory=list)
     timed_out: bool = False
     seconds: float = 0.0
+    stop_after: int | None = None  # the round the members were told to end after, if they were
+
+    def last(self) -> int:
+        """The round the group is to end on: the one it was told, or its last by its steps."""
+        last = self.plan.rounds - 1
+        return last if self.stop_after is None else min(last, self.stop_after)
 
     def reports(self) -> dict[int, dict[str, str]]:
         """Round -> {member: hash} for every round any member reported."""
@@ -87,11 +100,12 @@ class TrainingLog:
         return rounds[-1] if rounds else None
 
 
-def member_cmd(plan: TrainingPlan, data_dir: Path, share: int, wait_for: int, bootstrap: str) -> list[str]:
+def member_cmd(plan: TrainingPlan, data_dir: Path, share: int, wait_for: int, bootstrap: str,
+               stop_file: Path) -> list[str]:
     return python(str(MEMBER), "--data-dir", str(data_dir), "--json", "--bootstrap", bootstrap,
                   "--group", plan.group, "--member", str(share), "--members", str(plan.members),
                   "--steps", str(plan.steps), "--inner-steps", str(plan.inner_steps), "--wait-for", str(wait_for),
-                  "-v")
+                  "--stop-file", str(stop_file), "-v")
 
 
 async def run_training(cluster: Cluster, plan: TrainingPlan, folder: Path, log: TrainingLog) -> None:
@@ -104,7 +118,7 @@ async def run_training(cluster: Cluster, plan: TrainingPlan, folder: Path, log: 
 
     def member(i: int, share: int, wait_for: int, restart: int = 0) -> Script:
         name = f"m{i}" + ("'" * restart)
-        script = Script(name, member_cmd(plan, folder / f"m{i}", share, wait_for, bootstrap),
+        script = Script(name, member_cmd(plan, folder / f"m{i}", share, wait_for, bootstrap, folder / "stop"),
                         folder / f"m{i}.log", progress)
         log.scripts.append(script)
         return script
@@ -132,9 +146,11 @@ async def run_training(cluster: Cluster, plan: TrainingPlan, folder: Path, log: 
                     back = (member(plan.members - 1, plan.members - 1, 2, restart=1) if plan.same_identity
                             else member(plan.members, plan.members - 1, 2))
                     await start(nursery, back)
-                    await progress.until(lambda: any("round" in line for line in back.lines) or back.exited.is_set(),
-                                         plan.timeout)
+                    await progress.until(lambda: sum("round" in line for line in back.lines) >= plan.rounds_back
+                                         or back.exited.is_set(), plan.timeout)
                     log.back_at = next((line["round"] for line in back.lines if "round" in line), None)
+                    log.stop_after = log.top_round() + plan.rounds_after
+                    (folder / "stop").write_text(str(log.stop_after))  # all end together, on that round
                 for script in log.survivors():
                     await script.exited.wait()
                     await script.reap()
@@ -163,13 +179,13 @@ def training_checks(log: TrainingLog) -> list[Check]:
     """Rounds completed, every live member's hash equal after its last round, no member crashed."""
     plan = log.plan
     reports = log.reports()
-    last = plan.rounds - 1
+    last = log.last()
     survivors = log.survivors()
     finished = [s.name for s in survivors
                 if s.done is not None and log.last_round(s) is not None and log.last_round(s)[0] == last]
     unfinished = [s.name for s in survivors if s.name not in finished]
     killed = [s.name for s in log.scripts if s.killed]
-    story = (f"{len(reports)} of {plan.rounds} rounds (H={plan.inner_steps}), {len(finished)} members finished in "
+    story = (f"{len(reports)} of {last + 1} rounds (H={plan.inner_steps}), {len(finished)} members finished in "
              f"{log.seconds:.0f} s, longest round {longest_round(log):.1f} s")
     if log.killed_at is not None:
         story += f"; {log.victim or 'a member'} SIGKILLed at round {log.killed_at}, back" + (
