@@ -27,7 +27,7 @@ from rich.table import Table
 
 # This file is named like the `nat` package: take its folder off the path, put the tests' on.
 _ROOT = Path(__file__).resolve().parents[1]
-sys.path[:1] = [str(_ROOT), str(_ROOT / "tests")]
+sys.path[:1] = [str(_ROOT), str(_ROOT / "tests" / "support")]
 from natlab import NatLab, netns_unavailable_reason  # noqa: E402
 
 import meshd  # noqa: E402
