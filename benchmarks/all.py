@@ -316,6 +316,7 @@ def main() -> int:
         parser.error(f"no benchmark named {', '.join(sorted(unknown))}")
     out = Path(args.out)
     results: list[Result] = []
+    plots: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as scratch:
         for bench in chosen:  # the page is rewritten after each, so a run cut short keeps what it measured
             results.append(run(bench, args.quick, Path(scratch)))

@@ -121,10 +121,10 @@ def local_epochs(model, opt, x, y, epochs: int, seed: int, batch: int = BATCH) -
 
 
 def adamw(model: torch.nn.Module, lr_lambda=None):
-    """AdamW at lr 1e-3 for ``model``, and with ``lr_lambda`` (the lr at each inner step, as a
-    share of 1e-3) its LambdaLR, to step after each inner step (else None)."""
+    """AdamW at lr 1e-3 for ``model`` and its LambdaLR, to step after each inner step:
+    ``lr_lambda`` gives the lr at each inner step as a share of 1e-3 (None: 1e-3 throughout)."""
     opt = torch.optim.AdamW(model.parameters(), 1e-3)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda) if lr_lambda is not None else None
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda or (lambda _: 1.0))
 
 
 def data_parallel(make_model, data, members: int, steps: int, lr_lambda=None) -> torch.nn.Module:
@@ -138,8 +138,7 @@ def data_parallel(make_model, data, members: int, steps: int, lr_lambda=None) ->
             bx, by = batches(x, y, m, step)
             (torch.nn.functional.cross_entropy(model(bx), by) / members).backward()
         opt.step()
-        if schedule is not None:
-            schedule.step()
+        schedule.step()
     return model
 
 
@@ -156,8 +155,7 @@ async def diloco_run(root: Path, make_model, data, members: int, steps: int, lr_
         opts = [ml.DiLoCo(node, model, inner_opt=opt, group=GROUP, **kw)
                 for node, model, (opt, _) in zip(nodes, models, inner)]
         await wait_group(nodes)
-        wall = await train_diloco(opts, models, data, steps,
-                                  [schedule for _, schedule in inner] if lr_lambda is not None else None)
+        wall = await train_diloco(opts, models, data, steps, [schedule for _, schedule in inner])
         hashes = {opt.group.hash for opt in opts}
         sent = [sum(r.bytes_out for r in opt.reports) for opt in opts]  # exchanges, not the initial state
         syncs = [r for opt in opts for r in opt.reports]

@@ -67,7 +67,7 @@ async def train(args) -> None:
                 report(args, {"round": seen, "acc": accuracy(model, x_test, y_test), "hash": opt.group.hash.hex(),
                               "contributors": last.contributors if last and last.round == seen else 0,
                               "missing": last.missing_values if last and last.round == seen else 0})
-                if args.stop_file is not None and args.stop_file.exists():
+                if stop_after is None and args.stop_file is not None and args.stop_file.exists():
                     stop_after = int(args.stop_file.read_text())
         report(args, {"done": True, "acc": accuracy(model, x_test, y_test), "resyncs": opt.resyncs,
                       "bytes_out": sum(opt.group.bytes_out.values())})

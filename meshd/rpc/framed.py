@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..streams import CallStream, StreamAborted, StreamRefused
-from .budget import CallBytes
 from ..wire import FrameDecoder, FrameError, FrameTooLarge, frame_parts
 from . import protocol as P
+from .budget import CallBytes
 from .errors import FrameTooLargeError, ProtocolViolation, Unavailable, error_from_wire
 
 
@@ -53,7 +53,7 @@ class Framed:
         StreamAborted; a malformed or oversized frame raises FrameError; with
         ``held``, a frame over the budget raises OverBudget once its header is
         here (its body unread), and the frame returned stays held until the
-        call ends or ``held.give(self.last_held)``.
+        call ends or :meth:`let_go`.
         """
         decoder, held = self._decoder, self._held
         counted = held is None

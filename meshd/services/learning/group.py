@@ -446,7 +446,8 @@ class Group:
                     nursery.start_soon(held, peer)
         return found[0] if found else None
 
-    async def _roster_from(self, peer: bytes, round: int, deadline: float, *, held: bool = False) -> list[bytes] | None:
+    async def _roster_from(self, peer: bytes, round: int, deadline: float, *,
+                           held: bool = False) -> list[bytes] | None:
         """``peer``'s roster of ``round`` (with ``held``, only one it has already: a
         quick look, asked again after each heartbeat without an answer); None once
         it says it gives none, goes quiet, or ``deadline`` passes."""

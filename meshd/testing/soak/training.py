@@ -150,7 +150,9 @@ async def run_training(cluster: Cluster, plan: TrainingPlan, folder: Path, log: 
                                          or back.exited.is_set(), plan.timeout)
                     log.back_at = next((line["round"] for line in back.lines if "round" in line), None)
                     log.stop_after = log.top_round() + plan.rounds_after
-                    (folder / "stop").write_text(str(log.stop_after))  # all end together, on that round
+                    staged = folder / "stop.new"  # renamed into place: a member never reads half of it
+                    staged.write_text(str(log.stop_after))
+                    staged.replace(folder / "stop")  # all end together, on that round
                 for script in log.survivors():
                     await script.exited.wait()
                     await script.reap()
