@@ -152,6 +152,7 @@ class Endpoint:
         self._by_cid: dict[bytes, PeerConnection] = {}
         self._cids: dict[PeerConnection, set[bytes]] = {}
         self._sock: socket.socket | None = None
+        self._local: tuple[str, int] | None = None  # where the socket is bound, kept past its close
         self._paths: dict[tuple, Callable[[bytes], None]] = {}
         self._retry = QuicRetryTokenHandler()  # address-validation tokens (a fresh key per run)
         self.dialed: dict[PeerId, float] = {}  # peers we last sent a direct dial to, and when
@@ -175,7 +176,7 @@ class Endpoint:
             _never_fragment(sock)
             sock.setblocking(False)
             sock.bind((host, port))
-            self._sock = sock
+            self._sock, self._local = sock, sock.getsockname()[:2]
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._receive_loop)
@@ -188,8 +189,9 @@ class Endpoint:
 
     @property
     def local_address(self) -> tuple[str, int]:
-        host, port = self._sock.getsockname()[:2]
-        return host, port
+        """(host, port) the socket is bound to; still answered while the node shuts down
+        (a lookup ending then asks for it once the socket is closed)."""
+        return self._local
 
     @property
     def family(self) -> int:

@@ -11,6 +11,15 @@ async def echo(arg, ctx):
     return {"echo": arg, "from": str(ctx.peer)}
 
 
+async def test_a_node_still_says_where_it_listened_once_its_socket_is_closed(tmp_path):
+    """A DHT lookup that ends while the node shuts down builds its message from the listen
+    address after the socket is closed; that failed the node's exit with OSError(9)."""
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as node:
+        address = node.listen_address
+    assert node.endpoint._sock.fileno() == -1  # closed
+    assert node.listen_address == address and node.advertised_addresses() == [str(address)]
+
+
 async def test_rpc_both_ways_and_identify(tmp_path):
     async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a:
         async with meshd.open_node(tmp_path / "b", listen="127.0.0.1:0", bootstrap=[str(a.address)]) as b:
