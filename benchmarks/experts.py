@@ -684,7 +684,10 @@ def hdee_plans(args, hardness: dict[str, float]) -> dict[str, dict[str, tuple[st
     (sizes s/m/l, 300/400/500 steps by the domain's difficulty): the domains ranked by ``hardness``
     (measured before any expert is trained), the easiest third small and ``--hdee-short`` of the
     steps, the hardest third large and the steps that make the two arms' totals equal, the rest
-    medium with the homogeneous steps (the same expert as the homogeneous arm's)."""
+    medium with the homogeneous steps (the same expert as the homogeneous arm's).  With
+    ``--hdee-rule proportional`` the sizes are the same, but each expert's compute is the arms'
+    total shared in proportion to its domain's hardness, so no domain's expert is the same in both
+    arms."""
     from meshd.testing import experts_kit as kit
 
     params = {size: kit.param_count(kit.CharLM(width=w)) for size, w in hdee_sizes(args).items()}
@@ -693,11 +696,14 @@ def hdee_plans(args, hardness: dict[str, float]) -> dict[str, dict[str, tuple[st
     size = {d: "small" if i < third else "large" if i >= len(ranked) - third else "medium"
             for i, d in enumerate(ranked)}
     steps, short = args.hdee_steps, round(args.hdee_short * args.hdee_steps)
-    # small x short + large x long = 2 x medium x steps, for each small/large pair
-    long = round((2 * params["medium"] * steps - params["small"] * short) / params["large"])
-    by_size = {"small": short, "medium": steps, "large": long}
+    if args.hdee_rule == "proportional":  # each expert's compute in proportion to its domain's hardness
+        total = len(hardness) * params["medium"] * steps
+        planned = {d: round(total * h / sum(hardness.values()) / params[size[d]]) for d, h in hardness.items()}
+    else:  # small x short + large x long = 2 x medium x steps, for each small/large pair
+        long = round((2 * params["medium"] * steps - params["small"] * short) / params["large"])
+        planned = {d: {"small": short, "medium": steps, "large": long}[size[d]] for d in hardness}
     return {"homogeneous": {d: ("medium", steps) for d in hardness},
-            "heterogeneous": {d: (size[d], by_size[size[d]]) for d in hardness}}
+            "heterogeneous": {d: (size[d], planned[d]) for d in hardness}}
 
 
 def hdee_compute(args, plan: dict[str, tuple[str, int]]) -> int:
@@ -923,6 +929,9 @@ def main() -> int:
     parser.add_argument("--hdee-short", type=float, default=0.75,
                         help="the small expert's steps, a fraction of --hdee-steps (the paper's 300 of 400); the "
                              "large expert's steps make the two arms' compute equal")
+    parser.add_argument("--hdee-rule", choices=("tiers", "proportional"), default="tiers",
+                        help="how the heterogeneous arm shares compute: the paper's three tiers (--hdee-short), "
+                             "or every expert's share in proportion to its domain's hardness")
     parser.add_argument("--hdee-eval", type=int, default=12_000,
                         help="bytes of each test text scored (of about 15,000), and of each dev text the cached "
                              "prior is estimated on")

@@ -22,7 +22,9 @@ async def test_survivors_of_the_roster_fixers_death_train_together(tmp_path, inn
     """Kill (no goodbye) the lowest-key member after round 2: from the first round after its
     death that every survivor contributed to, every survivor contributes to every round
     and they all publish the same hash; and no round after the death takes longer than
-    3 x the round clock's floor."""
+    3 x the round clock's floor, or than the round clock's timeout at the death and one
+    floor more (a round whose roster still names the dead member waits out the timeout,
+    3 x the slowest measured rounds: slow first rounds on a busy machine raise it)."""
     config = fast_config()
     floor = config.learning.round_timeout_min
     progress = Progress()
@@ -35,6 +37,7 @@ async def test_survivors_of_the_roster_fixers_death_train_together(tmp_path, inn
         gone, survivors = members[0], members[1:]
         await progress.until(lambda: all(m.trainer.last_round() >= 2 for m in members), timeout=60)
 
+        timeout = max(m.trainer.group.clock.timeout() for m in survivors)
         gone.node.close_connections = lambda: None  # die without telling anyone: nothing more leaves
         gone.node.endpoint.send_datagram = lambda data, addr: True  # its socket (no CONNECTION_CLOSE)
         gone.scope.cancel()
@@ -62,4 +65,5 @@ async def test_survivors_of_the_roster_fixers_death_train_together(tmp_path, inn
     for m in survivors:
         times = [killed_at] + [m.rounds[r][2] for r in sorted(m.rounds) if r > stopped_at]
         worst = max(b - a for a, b in zip(times, times[1:]))
-        assert worst <= 3 * floor, f"a round took {worst:.1f} s after the death\n{report}"
+        bound = max(3 * floor, timeout + floor)
+        assert worst <= bound, f"a round took {worst:.1f} s after the death (bound {bound:.1f} s)\n{report}"

@@ -455,7 +455,8 @@ class Group:
         while True:
             try:
                 with trio.fail_after(self.view.heartbeat_interval if held else self.clock.floor):
-                    return self._check_roster(await self._host.rpc.call(PeerId(peer), "learning.roster", arg))
+                    return self._check_roster(await self._while_heard(
+                        peer, self._host.rpc.call, PeerId(peer), "learning.roster", arg))
             except (NotFound, InvalidArgument, PermissionDenied) as exc:  # it will not give one: next
                 log.debug("group %s: %s gives no roster of round %d: %s", self.name, PeerId(peer).short(), round, exc)
                 return None
@@ -468,6 +469,34 @@ class Group:
                 return None
             with trio.move_on_after(self.view.heartbeat_interval):  # give it a moment, or hear it go quiet
                 await self._heard.wait()
+
+    async def _while_heard(self, peer: bytes, fn: Callable, *args):
+        """``await fn(*args)``, or trio.TooSlowError once ``peer`` goes quiet first: a
+        member that died without a goodbye costs its silence, not the call's timeout.
+        Never before two heartbeats: after a stall of this process every member looks
+        quiet until its next hello is read."""
+        done: list = []  # [(result, None)] or [(None, the exception)]
+        grace = trio.current_time() + 2 * self.view.heartbeat_interval
+
+        async def answer() -> None:
+            try:
+                done.append((await fn(*args), None))
+            except Exception as exc:  # noqa: BLE001  (raised below, outside the nursery)
+                done.append((None, exc))
+            nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answer)
+            while (member := self.view.members.get(peer)) is not None \
+                    and trio.current_time() < (quiet_at := max(grace, member.last_seen + self.view.dead_after())):
+                await trio.sleep_until(quiet_at)
+            nursery.cancel_scope.cancel()
+        if not done:
+            raise trio.TooSlowError(f"{PeerId(peer).short()} went quiet")
+        result, exc = done[0]
+        if exc is not None:
+            raise exc
+        return result
 
     async def serve_roster(self, peer: PeerId, arg: object) -> dict:
         """Answer ``learning.roster``: the roster of ``arg``'s round (fixing or
