@@ -63,8 +63,10 @@ part, each with its comparison from the same run:
   on the mix; each domain's difficulty (the medium seed model's dev bits per
   byte) measured before any expert is trained; homogeneous experts (every one
   medium, the same steps) against heterogeneous ones (the easiest domain
-  small with fewer steps, the hardest large with more, the median as the
-  homogeneous arm) at equal compute (parameters x steps x tokens), each
+  small, the hardest large, each expert's compute the arms' total shared in
+  proportion to its domain's difficulty; ``--hdee-rule tiers``: the paper's
+  fixed steps per size, the median as the homogeneous arm) at equal compute
+  (parameters x steps x tokens), each
   branched from its size's seed model; bits per byte on each test text for
   each expert alone, the posterior ensemble (uniform and cached prior) and
   uniform averaging, over ``--hdee-seeds`` seeds (mean, spread, each seed);
@@ -791,7 +793,7 @@ async def hdee(args, root: Path) -> list[dict]:
     evals = [*domains, kit.EVAL_DOMAIN]
     table: dict = {}  # (what, domain) -> [bpc per seed]
     configs, worst_gap = [], 0.0
-    for seed in range(args.hdee_seeds):
+    for seed in range(args.hdee_first_seed, args.hdee_first_seed + args.hdee_seeds):
         started = time.perf_counter()
         m = hdee_models(args, seed)
         configs.append(m)
@@ -829,7 +831,7 @@ async def hdee(args, root: Path) -> list[dict]:
                 worst_gap = max(worst_gap, float((scored.logp.double() - local).abs().max()))
     widths = hdee_sizes(args)
     rows = []
-    for seed, m in enumerate(configs):
+    for seed, m in enumerate(configs, start=args.hdee_first_seed):
         for plan, plan_configs in m["plans"].items():
             rows.append({"part": "hdee", "what": f"seed {seed}: {plan} experts", "detail": "; ".join(
                 f"{d} (dev bpc of the seed model {m['hardness'][d]:.3f}): {size}, width {widths[size]}, "
@@ -913,8 +915,12 @@ def main() -> int:
     parser.add_argument("--grid-decay", type=float, default=0.3,
                         help="the grid's learning rate falls linearly to 0 over this last fraction of the steps")
     parser.add_argument("--ddm-sample-steps", type=int, default=50, help="Euler steps per sample")
-    parser.add_argument("--hdee-seeds", type=int, default=2)
-    parser.add_argument("--hdee-chars", type=int, default=150_000, help="characters read per text domain")
+    parser.add_argument("--hdee-seeds", type=int, default=3)
+    parser.add_argument("--hdee-first-seed", type=int, default=0,
+                        help="hdee: the first seed (another run's seeds after it: a replication on fresh draws)")
+    parser.add_argument("--hdee-chars", type=int, default=360_000,
+                        help="characters read per text domain (scripts have about 372,000; at 150,000, the "
+                             "default before 2026-11-26, the experts overfit their text)")
     parser.add_argument("--hdee-domains", default=HDEE_DOMAINS,
                         help="the trained domains, comma-separated (experts_kit.SURVEY_DOMAINS; chosen by "
                              "--only hdee-survey's rule); code,licenses,changelogs was the first setting")
@@ -929,7 +935,7 @@ def main() -> int:
     parser.add_argument("--hdee-short", type=float, default=0.75,
                         help="the small expert's steps, a fraction of --hdee-steps (the paper's 300 of 400); the "
                              "large expert's steps make the two arms' compute equal")
-    parser.add_argument("--hdee-rule", choices=("tiers", "proportional"), default="tiers",
+    parser.add_argument("--hdee-rule", choices=("tiers", "proportional"), default="proportional",
                         help="how the heterogeneous arm shares compute: the paper's three tiers (--hdee-short), "
                              "or every expert's share in proportion to its domain's hardness")
     parser.add_argument("--hdee-eval", type=int, default=12_000,
