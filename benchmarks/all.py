@@ -1,6 +1,6 @@
 """Every benchmark in one command, written to ``docs/benchmarks.md`` with plots.
 
-    .venv/bin/python benchmarks/all.py [--quick] [--only rpc,dht,...] [--out docs/benchmarks.md]
+    .venv/bin/python benchmarks/all.py [--quick] [--only rpc,dht,...] [--keep] [--out docs/benchmarks.md]
 
 Runs each benchmark script in turn as its own process (the anchors' rows come
 from the same scripts, in the same runs), keeps its table as printed, and
@@ -8,7 +8,10 @@ writes one page: the date, the commit, the machine (CPU, cores, memory,
 kernel, Python), the load before and after each benchmark, how long each took
 and its table; then plots from the scripts' JSON where a picture says more
 (latency distributions, throughput by path).  ``--quick`` passes each script
-its short settings: a smoke test of the page, not numbers to quote.
+its short settings: a smoke test of the page, not numbers to quote.  ``--keep``
+keeps, from the page already there, the rows, plots and tables of the benchmarks
+this run leaves out (each row says when and at which commit it ran), so a page can
+be filled by runs on different days.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import re
 import subprocess
 import sys
@@ -98,6 +102,7 @@ class Result:
     load_before: str
     load_after: str
     data: dict | None
+    when: str = ""  # UTC, when it started
 
 
 def run(bench: Bench, quick: bool, scratch: Path) -> Result:
@@ -108,7 +113,7 @@ def run(bench: Bench, quick: bool, scratch: Path) -> Result:
         args += ["--json", str(json_path)]
     command = [PYTHON, str(ROOT / "benchmarks" / bench.script), *args]
     env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
-    load_before, start = _load(), time.perf_counter()
+    load_before, start, when = _load(), time.perf_counter(), f"{_now()}, {machine()['commit']}"
     print(f"== {bench.name}: {' '.join(command[1:])}", flush=True)
     try:
         proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=bench.timeout)
@@ -122,7 +127,47 @@ def run(bench: Bench, quick: bool, scratch: Path) -> Result:
     shown = " ".join(["benchmarks/" + bench.script, *[a for a in args if not a.startswith(str(scratch))]])
     shown = shown.replace(" --json", "")
     print(f"   {seconds:.0f} s, exit {code}", flush=True)
-    return Result(bench, shown, seconds, code, output, load_before, _load(), data)
+    return Result(bench, shown, seconds, code, output, load_before, _load(), data, when)
+
+
+def _now() -> str:
+    return f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
+
+
+# --- a page kept from an earlier run -------------------------------------------------------
+
+
+@dataclass
+class Kept:
+    """What an earlier page holds of the benchmarks this run leaves out: per name its table
+    row's cells (command, took, exit, load before, load after, run: "date, commit"), its
+    section and its plots."""
+
+    rows: dict[str, list[str]] = field(default_factory=dict)
+    sections: dict[str, str] = field(default_factory=dict)
+    plots: dict[str, list[str]] = field(default_factory=dict)
+
+
+def kept_from(text: str, leave: set[str]) -> Kept:
+    """The parts of page ``text`` (as :func:`page` writes it) for the benchmarks named in
+    ``leave``.  A row without a "run" cell takes the page's own date and commit."""
+    written = re.search(r" on (\d{4}-\d\d-\d\d \d\d:\d\d) UTC", text)
+    commit = re.search(r"^\| commit \| (\w+) \|", text, re.M)
+    page_run = f"{written.group(1) if written else '?'}, {commit.group(1) if commit else '?'}"
+    kept = Kept()
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0] in leave and len(cells) >= 6:
+            dated = len(cells) > 6 and re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d, \w+", cells[6])
+            kept.rows[cells[0]] = cells[1:6] + [cells[6] if dated else page_run]
+        image = re.fullmatch(r"!\[.*\]\([^)]*/([a-z_]+)(?:-\d+)?\.png\)", line)
+        if image and image.group(1) in leave:
+            kept.plots.setdefault(image.group(1), []).append(line)
+    for section in re.split(r"\n(?=## )", text)[1:]:
+        name = section.split("\n", 1)[0][3:].strip()
+        if name in leave:
+            kept.sections[name] = section.rstrip()
+    return kept
 
 
 # --- plots ---------------------------------------------------------------------------
@@ -284,23 +329,38 @@ PLOTS = {"rpc": [_plot_rpc], "dht": [_plot_dht], "shards": [_plot_shards], "lear
 # --- the page ------------------------------------------------------------------------
 
 
-def page(results: list[Result], plots: list[tuple[str, str]], quick: bool, plot_dir: str) -> str:
-    facts = machine()
+def page(results: list[Result], plots: list[tuple[str, str]], quick: bool, plot_dir: str,
+         kept: Kept | None = None) -> str:
+    """The page: the machine, one row per benchmark (this run's, and ``kept``'s from the
+    page before for those it left out), the plots, then each benchmark's output."""
+    facts, kept = machine(), kept or Kept()
+    ran = {r.bench.name: r for r in results}
+    rows = {r.bench.name: [f"`{r.command}`", f"{r.seconds:.0f} s", str(r.returncode), r.load_before,
+                           r.load_after, r.when] for r in results}
+    order = [b.name for b in BENCHES if b.name in ran or b.name in kept.rows or b.name in kept.sections]
     lines = ["# Benchmarks", "",
-             f"Written by `benchmarks/all.py{' --quick' if quick else ''}` on "
-             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+             f"Written by `benchmarks/all.py{' --quick' if quick else ''}` on {_now()} UTC"
              + (" (quick settings: a smoke test, not numbers to quote)." if quick else "."),
              "Each benchmark ran alone, one after another; every table holds its comparison rows "
-             "(anchors, ceilings) from the same run.", "",
+             "(anchors, ceilings) from the same run."
+             + (" Rows whose run is earlier were kept from the page before (`--keep`)." if kept.rows else ""), "",
              "| machine | |", "|---|---|", *[f"| {k} | {v} |" for k, v in facts.items()], "",
-             "| benchmark | command | took | exit | load before | load after |", "|---|---|---|---|---|---|",
-             *[f"| {r.bench.name} | `{r.command}` | {r.seconds:.0f} s | {r.returncode} | {r.load_before} | "
-               f"{r.load_after} |" for r in results], ""]
-    for title, name in plots:
-        lines += [f"![{title}]({plot_dir}/{name})", ""]
-    for r in results:
-        lines += [f"## {r.bench.name}", "", f"`{r.command}`, {r.seconds:.0f} s, exit {r.returncode}", "",
-                  "```text", r.output.rstrip(), "```", ""]
+             "| benchmark | command | took | exit | load before | load after | run (UTC, commit) |",
+             "|---|---|---|---|---|---|---|",
+             *[f"| {name} | {' | '.join(rows.get(name) or kept.rows.get(name, ['-'] * 6))} |"
+               for name in order], ""]
+    images = {name: [f"![{title}]({plot_dir}/{file})" for title, file in plots
+                     if re.sub(r"(-\d+)?\.png$", "", file) == name] for name in ran}
+    for name in order:
+        for image in images.get(name) or ([] if name in ran else kept.plots.get(name, [])):
+            lines += [image, ""]
+    for name in order:
+        if name in ran:
+            r = ran[name]
+            lines += [f"## {name}", "", f"`{r.command}`, {r.seconds:.0f} s, exit {r.returncode}", "",
+                      "```text", r.output.rstrip(), "```", ""]
+        elif name in kept.sections:
+            lines += [kept.sections[name], ""]
     return "\n".join(lines)
 
 
@@ -309,26 +369,31 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="each script's short settings")
     parser.add_argument("--only", default="", help="comma list of: " + ",".join(b.name for b in BENCHES))
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the rows, sections and plots of the benchmarks this run leaves out from --out")
     args = parser.parse_args()
     chosen = [b for b in BENCHES if not args.only or b.name in args.only.split(",")]
     unknown = set(filter(None, args.only.split(","))) - {b.name for b in BENCHES}
     if unknown:
         parser.error(f"no benchmark named {', '.join(sorted(unknown))}")
     out = Path(args.out)
+    leave = {b.name for b in BENCHES} - {b.name for b in chosen}
+    kept = kept_from(out.read_text(), leave) if args.keep and out.exists() else Kept()
     results: list[Result] = []
     plots: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as scratch:
         for bench in chosen:  # the page is rewritten after each, so a run cut short keeps what it measured
             results.append(run(bench, args.quick, Path(scratch)))
-            plots = write(out, results, [b.name for b in chosen[len(results):]], args.quick)
+            plots = write(out, results, [b.name for b in chosen[len(results):]], args.quick, kept)
     print(f"wrote {out} and {len(plots)} plots in {out.parent / out.stem}")
     return max((abs(r.returncode) for r in results), default=0)
 
 
-def write(out: Path, results: list[Result], pending: list[str], quick: bool) -> list[tuple[str, str]]:
-    """Write the page (and its plots) for ``results``, naming the benchmarks still to run."""
+def write(out: Path, results: list[Result], pending: list[str], quick: bool,
+          kept: Kept | None = None) -> list[tuple[str, str]]:
+    """Write the page (and its plots) for ``results`` and ``kept``, naming the benchmarks still to run."""
     plots = plot(results, out.parent / out.stem)
-    text = page(results, plots, quick, out.stem)
+    text = page(results, plots, quick, out.stem, kept)
     if pending:
         text = text.replace("\n\n", f"\n\nStill to run when this page was written: {', '.join(pending)}.\n\n", 1)
     out.write_text(text)
