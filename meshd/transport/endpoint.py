@@ -34,6 +34,7 @@ from aioquic.quic.retry import QuicRetryTokenHandler
 
 from ..identity import Identity, PeerId
 from .connection import ALPN, CLOSE_REFUSED, PeerConnection
+from .inbox import Datagram, FairInbox
 from .stream import CONNECTION_SEND_HIGH_WATER, SEND_HIGH_WATER
 from .pmtu import UDP_IPV4_OVERHEAD, UDP_IPV6_OVERHEAD, ladder
 from .quic import MeshQuicConnection
@@ -48,6 +49,10 @@ AIOQUIC_MAX_DATAGRAM = 16000  # aioquic writes frame lengths in 2 bytes: larger 
 # Linux <netinet/in.h>, <linux/in6.h>: Python's socket module lacks most of them
 _IP_MTU_DISCOVER, _IP_MTU, _IPV6_MTU_DISCOVER, _IPV6_MTU = 10, 14, 23, 24
 _PMTUDISC_PROBE = 3  # set DF, never fragment, ignore the kernel's path-MTU cache
+_HOST_CID_LENGTH = 8  # the connection IDs we issue (aioquic's default)
+# datagrams read from the socket per wake-up, so a sender faster than recvfrom cannot keep
+# the receive loop from processing any (the kernel drops what overflows the socket meanwhile)
+_MAX_READS = 4096
 
 
 class DialError(Exception):
@@ -82,8 +87,11 @@ class TransportConfig:
     # of its answers makes us hold, per connection
     connection_send_high_water: int = field(default=CONNECTION_SEND_HIGH_WATER,
                                             metadata={"min": 16 << 10, "max": 1 << 30})
-    # datagrams read per wake-up: bigger batches delay ACKs and credit (measured: 128 cut bulk to ~110 MB/s)
+    # datagrams processed per wake-up: bigger batches delay ACKs and credit (measured: 128 cut bulk to ~110 MB/s)
     recv_batch: int = field(default=16, metadata={"min": 1, "max": 1024})
+    # bytes of datagrams read from the socket and waiting to be processed, served a connection at a
+    # time (inbox.py); past it the longest queue loses its newest.  One connection's window fits.
+    recv_queue: int = field(default=16 << 20, metadata={"min": 64 << 10, "max": 1 << 30})
     socket_buffer: int = field(default=8 << 20, metadata={"min": 64 << 10, "max": 1 << 30})  # UDP SO_RCVBUF/SO_SNDBUF
 
 
@@ -116,6 +124,14 @@ def _route_mtu(addr: tuple) -> int | None:
             return sock.getsockopt(socket.IPPROTO_IP, _IP_MTU)
     except OSError:
         return None
+
+
+def _destination_cid(data: bytes) -> bytes:
+    """The destination connection ID a QUIC datagram names, without checking the rest
+    (for a datagram that is not QUIC: some bytes that name no connection)."""
+    if data and data[0] & 0x80:  # long header: version, then the ID's length and the ID
+        return data[6:6 + data[5]] if len(data) > 5 else b""
+    return data[1:1 + _HOST_CID_LENGTH]
 
 
 def _is_loopback(host: str) -> bool:
@@ -155,6 +171,7 @@ class Endpoint:
         self._local: tuple[str, int] | None = None  # where the socket is bound, kept past its close
         self._paths: dict[tuple, Callable[[bytes], None]] = {}
         self._retry = QuicRetryTokenHandler()  # address-validation tokens (a fresh key per run)
+        self._inbox: FairInbox[PeerConnection | None] = FairInbox(config.recv_queue)
         self.dialed: dict[PeerId, float] = {}  # peers we last sent a direct dial to, and when
         self._path_ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
@@ -222,18 +239,32 @@ class Endpoint:
         return True
 
     async def _receive_loop(self) -> None:
-        sock, batch = self._sock, self.config.recv_batch
+        """Take ``recv_batch`` datagrams at a time, process them, send what they made ready; repeat.
+
+        While the socket holds no more than a batch, datagrams are processed as
+        they come.  Once it holds more (a backlog, which one fast sender can
+        build), what it holds is read into the inbox and served a connection
+        at a time (see inbox.py), so other peers' datagrams do not wait behind
+        the backlog; the loop then only yields between batches until the inbox
+        is empty.
+        """
+        sock, batch, inbox = self._sock, self.config.recv_batch, self._inbox
         while True:
-            await trio.lowlevel.wait_readable(sock)
+            if inbox:
+                await trio.lowlevel.checkpoint()
+                self._read_socket(sock, _MAX_READS)
+                taken = inbox.take(batch)
+            else:
+                await trio.lowlevel.wait_readable(sock)
+                taken = self._read_socket(sock, batch, into_inbox=False)
+                if len(taken) == batch:  # perhaps a backlog: read it, and serve it fairly
+                    for data, addr in taken:
+                        self._to_inbox(data, addr)
+                    self._read_socket(sock, _MAX_READS)
+                    taken = inbox.take(batch)
             now = trio.current_time()
             dirty: dict[PeerConnection, None] = {}
-            for _ in range(batch):
-                try:
-                    data, addr = sock.recvfrom(65536)
-                except BlockingIOError:
-                    break
-                except OSError:  # e.g. an ICMP error reported on the socket
-                    continue
+            for data, addr in taken:
                 conn = self._datagram_received(data, addr, now)
                 if conn is not None:
                     dirty[conn] = None
@@ -242,6 +273,30 @@ class Endpoint:
             # processes: the peer sleeps deeper and wakes later for the reply.
             for conn in dirty:
                 conn.transmit()
+
+    def _read_socket(self, sock: socket.socket, most: int, *, into_inbox: bool = True) -> list[Datagram]:
+        """Read up to ``most`` datagrams the socket holds: into the inbox, each in the queue
+        of the connection its destination connection ID names (returns []), or returned."""
+        read: list[Datagram] = []
+        for _ in range(most):
+            try:
+                data, addr = sock.recvfrom(65536)
+            except BlockingIOError:
+                break
+            except OSError:  # e.g. an ICMP error reported on the socket
+                continue
+            if into_inbox:
+                self._to_inbox(data, addr)
+            else:
+                read.append((data, addr))
+        return read
+
+    def _to_inbox(self, data: bytes, addr: tuple) -> None:
+        inbox = self._inbox
+        dropped = inbox.dropped
+        inbox.put(self._by_cid.get(_destination_cid(data)), data, addr)
+        if inbox.dropped != dropped:
+            self.stats["recv_dropped"] += inbox.dropped - dropped
 
     def _datagram_received(self, data: bytes, addr: tuple, now: float) -> PeerConnection | None:
         if not data:
@@ -253,7 +308,7 @@ class Endpoint:
                 self.stats["stun_unhandled"] += 1
             return None
         try:
-            header = pull_quic_header(Buffer(data=data), host_cid_length=8)
+            header = pull_quic_header(Buffer(data=data), host_cid_length=_HOST_CID_LENGTH)
         except ValueError:
             self.stats["garbage"] += 1
             return None

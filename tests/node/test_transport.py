@@ -336,3 +336,61 @@ async def test_version_negotiation_answers_only_datagrams_of_a_full_initials_siz
             reply = await s.recv(2048)
     assert reply[1:5] == b"\x00\x00\x00\x00"  # a Version Negotiation packet, for the big one only
     assert a.endpoint.stats["unroutable"] == 1
+
+
+async def two_peers_and_a_recorder(nursery, monkeypatch, config=None):
+    """``a`` (with ``config``) connected to two peers; the connection IDs each uses to reach
+    ``a``, and a list of the tagged datagrams ``a`` processes, in order."""
+    a = await Side(nursery, config).start()
+    peers = [await Side(nursery).start() for _ in range(2)]
+    for peer in peers:
+        await peer.endpoint.dial(*a.addr, a.identity.peer_id)
+    with trio.fail_after(5):
+        while len(a.connections) < 2:
+            await trio.testing.wait_all_tasks_blocked()
+    processed = []
+    original = a.endpoint._datagram_received
+
+    def recording(data, addr, now):
+        if data[9:12] == b"TAG":
+            processed.append(data[12:16])
+        return original(data, addr, now)
+
+    monkeypatch.setattr(a.endpoint, "_datagram_received", recording)
+    return a, [conn.quic.host_cid for conn in a.connections], processed
+
+
+def tagged(cid: bytes, tag: bytes, size: int = 100) -> bytes:
+    """A short-header datagram to connection ID ``cid`` that no key decrypts (QUIC drops it)."""
+    return (b"\x40" + cid + b"TAG" + tag).ljust(size, b"\x00")
+
+
+async def test_a_connections_datagram_waits_behind_one_of_each_other_connection_not_their_backlog(
+        nursery, monkeypatch):
+    a, (busy, quiet), processed = await two_peers_and_a_recorder(nursery, monkeypatch)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for i in range(200):  # all in a's socket before its receive loop runs again
+            s.sendto(tagged(busy, b"%04d" % i), a.addr)
+        s.sendto(tagged(quiet, b"late"), a.addr)
+    with trio.fail_after(5):
+        while len(processed) < 201:
+            await trio.testing.wait_all_tasks_blocked()
+    assert processed.index(b"late") <= 1  # read first-come first-served it would be the 201st
+    assert [tag for tag in processed if tag != b"late"] == [b"%04d" % i for i in range(200)]
+
+
+async def test_past_recv_queue_the_busiest_connection_loses_datagrams_and_the_others_none(
+        nursery, monkeypatch):
+    config = TransportConfig(recv_queue=64 << 10)
+    a, (busy, quiet), processed = await two_peers_and_a_recorder(nursery, monkeypatch, config)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for i in range(200):  # 200 KB in a's socket: three times what its inbox holds
+            s.sendto(tagged(busy, b"%04d" % i, 1000), a.addr)
+        s.sendto(tagged(quiet, b"late", 1000), a.addr)
+    with trio.fail_after(5):
+        while b"late" not in processed:
+            await trio.testing.wait_all_tasks_blocked()
+        await trio.testing.wait_all_tasks_blocked()
+    dropped = a.endpoint.stats["recv_dropped"]
+    assert dropped >= 200 - 65 and len(processed) - 1 + dropped == 200
+    assert [tag for tag in processed if tag != b"late"] == [b"%04d" % i for i in range(200 - dropped)]

@@ -41,6 +41,7 @@ KEYS = [
     ("transport", "connection_send_high_water", CONNECTION_SEND_HIGH_WATER, 1 << 20),
     ("transport", "recv_batch", 16, 64),
     ("transport", "socket_buffer", 8 << 20, 1 << 20),
+    ("transport", "recv_queue", 16 << 20, 1 << 20),
     ("rpc", "first_frame_timeout", 10.0, 2.5),
     ("rpc", "max_call_timeout", 3600.0, 60.0),
     ("rpc", "busy_calls", 32, 8),
@@ -73,6 +74,7 @@ BAD = [
     ("transport", "connection_send_high_water", 100),
     ("transport", "recv_batch", 0),
     ("transport", "socket_buffer", -1),
+    ("transport", "recv_queue", 1000),
     ("rpc", "first_frame_timeout", 0.0),
     ("rpc", "max_call_timeout", -1.0),
     ("rpc", "max_call_timeout", math.nan),
@@ -258,6 +260,12 @@ def test_transport_max_streams_reaches_each_quic_connection(tmp_path):
     assert quic._local_max_streams_bidi.value == 5 and quic._local_max_streams_uni.value == 5
     default = Endpoint(Identity.generate(), Config().transport, on_connection=print, on_connection_lost=print)
     assert default._new_quic(True, ("127.0.0.1", 4100))._local_max_streams_bidi.value == 32
+
+
+def test_transport_recv_queue_bounds_the_endpoints_inbox(tmp_path):
+    config = loaded(tmp_path, "[transport]\nrecv_queue = 1048576\n")
+    endpoint = Endpoint(Identity.generate(), config.transport, on_connection=print, on_connection_lost=print)
+    assert endpoint._inbox.max_bytes == 1 << 20
 
 
 def served_by(rpc_keys: dict) -> RpcServer:
