@@ -252,15 +252,15 @@ class Endpoint:
         while True:
             if inbox:
                 await trio.lowlevel.checkpoint()
-                self._read_socket(sock, _MAX_READS)
+                self._read_into_inbox(sock)
                 taken = inbox.take(batch)
             else:
                 await trio.lowlevel.wait_readable(sock)
-                taken = self._read_socket(sock, batch, into_inbox=False)
+                taken = self._read_socket(sock, batch)
                 if len(taken) == batch:  # perhaps a backlog: read it, and serve it fairly
                     for data, addr in taken:
                         self._to_inbox(data, addr)
-                    self._read_socket(sock, _MAX_READS)
+                    self._read_into_inbox(sock)
                     taken = inbox.take(batch)
             now = trio.current_time()
             dirty: dict[PeerConnection, None] = {}
@@ -274,22 +274,23 @@ class Endpoint:
             for conn in dirty:
                 conn.transmit()
 
-    def _read_socket(self, sock: socket.socket, most: int, *, into_inbox: bool = True) -> list[Datagram]:
-        """Read up to ``most`` datagrams the socket holds: into the inbox, each in the queue
-        of the connection its destination connection ID names (returns []), or returned."""
+    @staticmethod
+    def _read_socket(sock: socket.socket, most: int) -> list[Datagram]:
+        """Up to ``most`` datagrams the socket holds, oldest first."""
         read: list[Datagram] = []
         for _ in range(most):
             try:
-                data, addr = sock.recvfrom(65536)
+                read.append(sock.recvfrom(65536))
             except BlockingIOError:
                 break
             except OSError:  # e.g. an ICMP error reported on the socket
                 continue
-            if into_inbox:
-                self._to_inbox(data, addr)
-            else:
-                read.append((data, addr))
         return read
+
+    def _read_into_inbox(self, sock: socket.socket) -> None:
+        """Move what the socket holds (at most ``_MAX_READS`` datagrams) into the inbox."""
+        for data, addr in self._read_socket(sock, _MAX_READS):
+            self._to_inbox(data, addr)
 
     def _to_inbox(self, data: bytes, addr: tuple) -> None:
         inbox = self._inbox
