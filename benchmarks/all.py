@@ -330,9 +330,10 @@ PLOTS = {"rpc": [_plot_rpc], "dht": [_plot_dht], "shards": [_plot_shards], "lear
 
 
 def page(results: list[Result], plots: list[tuple[str, str]], quick: bool, plot_dir: str,
-         kept: Kept | None = None) -> str:
-    """The page: the machine, one row per benchmark (this run's, and ``kept``'s from the
-    page before for those it left out), the plots, then each benchmark's output."""
+         kept: Kept | None = None, pending: list[str] = ()) -> str:
+    """The page: when and how it was written (and the benchmarks of the run still
+    ``pending``), the machine, one row per benchmark (this run's, and ``kept``'s from
+    the page before for those it left out), the plots, then each benchmark's output."""
     facts, kept = machine(), kept or Kept()
     ran = {r.bench.name: r for r in results}
     rows = {r.bench.name: [f"`{r.command}`", f"{r.seconds:.0f} s", str(r.returncode), r.load_before,
@@ -343,7 +344,8 @@ def page(results: list[Result], plots: list[tuple[str, str]], quick: bool, plot_
              + (" (quick settings: a smoke test, not numbers to quote)." if quick else "."),
              "Each benchmark ran alone, one after another; every table holds its comparison rows "
              "(anchors, ceilings) from the same run."
-             + (" Rows whose run is earlier were kept from the page before (`--keep`)." if kept.rows else ""), "",
+             + (" Rows whose run is earlier were kept from the page before (`--keep`)." if kept.rows else "")
+             + (f" Still to run when this page was written: {', '.join(pending)}." if pending else ""), "",
              "| machine | |", "|---|---|", *[f"| {k} | {v} |" for k, v in facts.items()], "",
              "| benchmark | command | took | exit | load before | load after | run (UTC, commit) |",
              "|---|---|---|---|---|---|---|",
@@ -393,10 +395,7 @@ def write(out: Path, results: list[Result], pending: list[str], quick: bool,
           kept: Kept | None = None) -> list[tuple[str, str]]:
     """Write the page (and its plots) for ``results`` and ``kept``, naming the benchmarks still to run."""
     plots = plot(results, out.parent / out.stem)
-    text = page(results, plots, quick, out.stem, kept)
-    if pending:
-        text = text.replace("\n\n", f"\n\nStill to run when this page was written: {', '.join(pending)}.\n\n", 1)
-    out.write_text(text)
+    out.write_text(page(results, plots, quick, out.stem, kept, pending))
     return plots
 
 

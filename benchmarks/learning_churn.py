@@ -145,7 +145,8 @@ class Run:
                 "acc": statistics.mean(m.done["acc"] for m in survivors),
                 "resyncs": sum(m.done["resyncs"] for m in survivors),
                 "median_round": statistics.median(gaps) if gaps else 0.0, "longest_round": max(gaps, default=0.0),
-                "contributors": sorted({m.rounds[r]["contributors"] for m in survivors for r in m.rounds})}
+                "contributors": sorted({m.rounds[r]["contributors"] for m in survivors for r in m.rounds}
+                                       - {None})}  # None: a round whose state the member took instead
 
 
 async def one_run(root: Path, args, churn: bool) -> dict:

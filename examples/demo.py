@@ -60,7 +60,9 @@ def training(daemons: list[Daemon], tmp: str, members: int = 3) -> bool:
     for r in sorted(rounds[0]):
         hashes = {member[r]["hash"] for member in rounds if r in member}
         agree &= len(hashes) == 1
-        print(f"  round {r}: test acc {rounds[0][r]['acc']:.3f}, {rounds[0][r]['contributors']} contributors, "
+        took = rounds[0][r]["contributors"] is None  # member 0 took that round's state from another
+        print(f"  round {r}: test acc {rounds[0][r]['acc']:.3f}, "
+              f"{'state taken' if took else str(rounds[0][r]['contributors']) + ' contributors'}, "
               f"state hash {'same on every member' if len(hashes) == 1 else 'DIFFERS'}: {rounds[0][r]['hash'][:16]}")
     sent = [next(line for line in lines if "done" in line)["bytes_out"] for lines in reports]
     print(f"  each member sent {sum(sent) / len(sent) / 1e3:.0f} kB (the model is 38 kB of float32)")

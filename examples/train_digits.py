@@ -36,7 +36,8 @@ def report(args, line: dict) -> None:
         print(json.dumps(line), flush=True)
     elif "round" in line:
         print(f"member {args.member}: round {line['round']:3d}  test acc {line['acc']:.3f}  "
-              f"contributors {line['contributors']}  hash {line['hash'][:12]}", flush=True)
+              f"contributors {line['contributors'] if line['contributors'] is not None else '- (state taken)'}  "
+              f"hash {line['hash'][:12]}", flush=True)
     else:
         print(f"member {args.member}: {line}", flush=True)
 
@@ -64,9 +65,10 @@ async def train(args) -> None:
             if opt.group.hash_round != seen:
                 seen = opt.group.hash_round
                 last = opt.reports[-1] if opt.reports else None
+                own = last is not None and last.round == seen  # else the round's state was taken, not exchanged
                 report(args, {"round": seen, "acc": accuracy(model, x_test, y_test), "hash": opt.group.hash.hex(),
-                              "contributors": last.contributors if last and last.round == seen else 0,
-                              "missing": last.missing_values if last and last.round == seen else 0})
+                              "contributors": last.contributors if own else None,
+                              "missing": last.missing_values if own else None})
                 if stop_after is None and args.stop_file is not None and args.stop_file.exists():
                     stop_after = int(args.stop_file.read_text())
         report(args, {"done": True, "acc": accuracy(model, x_test, y_test), "resyncs": opt.resyncs,

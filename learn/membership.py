@@ -13,7 +13,13 @@ has left, when.  This module holds the pure parts:
 * :class:`Refresh` bounds how often a member writes: every ``interval``, or
   sooner (never within ``min_gap``) when its role changes;
 * :func:`choose_owner` picks the document the group converges on when
-  members started documents of their own at the same time.
+  members started documents of their own at the same time;
+* :func:`suspect` says when a reducer's count of clipped rounds makes a
+  member worth reporting; :func:`clipped_by_group` sums what the entries
+  say their rules clipped of whom (``clipped``: peer -> [rounds clipped,
+  rounds used], for the members each clipped at least once) and counts the
+  entries that find each a suspect, and :func:`suspect_of_group` makes it
+  the group's when most do.
 
 Times are seconds; ``joined``, ``seen`` and ``left`` are wall-clock (Unix)
 times, since readers on other machines compare them with their own clocks.
@@ -33,14 +39,26 @@ STATES = ("live", "quiet", "left")
 QUIET_AFTER = 3  # refreshes an entry may miss before its member reads as quiet
 MAX_ISLAND = 1 << 20  # processes one member may speak for (an island's size)
 MAX_EVERY = 86_400.0  # the longest refresh interval an entry may announce
+MAX_CLIPPED = 32  # members an entry reports clipped (the most clipped first)
+MAX_PEER_TEXT = 128  # characters of a peer's name in an entry's ``clipped``
+SUSPECT_AFTER = 3  # rounds clipped before a member is reported
+
+
+def suspect(clipped: int, used: int) -> bool:
+    """Whether a member whose contribution was clipped in ``clipped`` of the ``used``
+    rounds it was averaged in is worth reporting: :data:`SUSPECT_AFTER` rounds or
+    more, and most of them."""
+    return clipped >= SUSPECT_AFTER and 2 * clipped > used
 
 
 def entry(*, joined: float, role: str, island: int, samples_s: float, steps_s: float, round: int,
-          seen: float, every: float, left: float | None = None) -> dict:
-    """The map a member writes of itself (``left``: when it left, None while it is a member)."""
+          seen: float, every: float, left: float | None = None, clipped: dict | None = None) -> dict:
+    """The map a member writes of itself (``left``: when it left, None while it is a member;
+    ``clipped``: peer -> [rounds clipped, rounds used] as its rule saw them, at most
+    :data:`MAX_CLIPPED`)."""
     return check_entry({"joined": joined, "role": role, "island": island, "samples_s": samples_s,
-                        "steps_s": steps_s, "round": round, "seen": seen, "every": every, "left": left},
-                       strict=True)
+                        "steps_s": steps_s, "round": round, "seen": seen, "every": every, "left": left,
+                        "clipped": clipped or {}}, strict=True)
 
 
 def check_entry(value: object, *, strict: bool = False) -> dict | None:
@@ -68,11 +86,46 @@ def check_entry(value: object, *, strict: bool = False) -> dict | None:
         out["every"] = _number(value.get("every"), "every")
         if not 0 < out["every"] <= MAX_EVERY:
             raise ValueError(f"every is more than 0 and at most {MAX_EVERY:g} seconds")
+        out["clipped"] = _clipped(value.get("clipped", {}))
     except ValueError:
         if strict:
             raise
         return None
     return out
+
+
+def _clipped(value: object) -> dict[str, list[int]]:
+    if not isinstance(value, dict) or len(value) > MAX_CLIPPED:
+        raise ValueError(f"clipped is a map of at most {MAX_CLIPPED} members")
+    out = {}
+    for peer, counts in value.items():
+        if not (isinstance(peer, str) and 0 < len(peer) <= MAX_PEER_TEXT and isinstance(counts, list | tuple)
+                and len(counts) == 2 and all(type(c) is int for c in counts) and 0 <= counts[0] <= counts[1] < 1 << 63):
+            raise ValueError("clipped maps a peer to [rounds clipped, rounds used], 0 <= clipped <= used")
+        out[peer] = [counts[0], counts[1]]
+    return out
+
+
+def clipped_by_group(entries: dict[str, dict]) -> dict[str, tuple[int, int, int]]:
+    """Per peer named in the ``clipped`` of the checked ``entries`` (peer -> entry): its
+    rounds clipped and rounds used, summed over the other entries (each member counts
+    the slices it reduced), and how many of those entries find it a :func:`suspect`
+    on their own counts (a vote: one lying entry cannot make a suspect of anyone)."""
+    sums: dict[str, list[int]] = {}
+    for author, checked in entries.items():
+        for peer, (clipped, used) in checked["clipped"].items():
+            if peer != author:
+                total = sums.setdefault(peer, [0, 0, 0])
+                total[0] += clipped
+                total[1] += used
+                total[2] += suspect(clipped, used)
+    return {peer: (c, u, n) for peer, (c, u, n) in sums.items()}
+
+
+def suspect_of_group(suspecting: int, voters: int) -> bool:
+    """Whether a member is the group's suspect: most of the ``voters`` (the live
+    entries of the other members) find it one on their own counts."""
+    return 2 * suspecting > voters
 
 
 def _number(value: object, name: str) -> float:

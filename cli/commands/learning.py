@@ -74,19 +74,29 @@ async def cmd_ls(client: meshd.Client, args) -> object:
     return rows, lambda: console().print(table)
 
 
+def _clipped(m: dict) -> str:
+    """Rounds this node's rule clipped the member in, then what the other members' entries
+    say together (clipped of used; how many of the live ones find it a suspect), and
+    SUSPECT if this node or most of the others do."""
+    text = str(m["clipped"])
+    if m.get("group_used"):
+        text += f" / {m['group_clipped']} of {m['group_used']}, suspect to {m['suspected_by']} of {m['voters']}"
+    return text + ("  SUSPECT" if m.get("suspect") or m.get("group_suspect") else "")
+
+
 async def cmd_status(client: meshd.Client, args) -> object:
     info = await client.learning_status(args.group)
     shown = [{**m, "peer": m["peer"][:16] + ("  (me)" if m["me"] else ""),
               "seen s ago": None if m["seen_ago"] is None else f"{m['seen_ago']:.1f}",
               "hash": (m["hash"] or "-")[:12],
-              "clipped": f"{m['clipped']}{'  SUSPECT' if m.get('suspect') else ''}",
+              "clipped here / group": _clipped(m),
               "agrees": {True: "yes", False: "NO", None: "-"}[m["agrees"]],
               "role": _role(m), "joined": _joined(m.get("joined")), "samples/s": _rate(m.get("samples_s")),
               "steps/s": _rate(m.get("steps_s")), "entry": m.get("state")}
              for m in info["members"]]
     title = (f"group {info['group']}: {info['algorithm']}, rule {info['rule']}, round {info['round']}, "
              f"{len(info['members'])} members, this one trained by {_trains(info.get('client'))}")
-    table = rows_table(title, shown, ["peer", "round", "seen s ago", "path", "samples", "clipped",
+    table = rows_table(title, shown, ["peer", "round", "seen s ago", "path", "samples", "clipped here / group",
                                       "hash", "agrees", "role", "joined", "samples/s", "steps/s", "entry"])
     line = _membership_line(info["membership"])
 

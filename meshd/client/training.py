@@ -319,12 +319,15 @@ class RemoteDiLoCo(_Remote):
     ``shared_memory`` (this class's own keyword): the shadow is shared memory
     if the daemon can make it and this process can map it (:attr:`memory`
     says which it is); False sends the tensors over the control socket.
+    ``in_place`` is taken and has no effect: the script's model is never the
+    sync's buffer here (the daemon's member decides for the shadow).
     """
 
     def __init__(self, client: ControlClient, model: torch.nn.Module, *, inner_opt: torch.optim.Optimizer,
                  group: str, inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  fragments: int = 1, overlap: int | None = None, alpha: float = 0.5, compression: str = "none",
-                 block: int = 64, rule: str = "mean", shared_memory: bool = True):
+                 block: int = 64, rule: str = "mean", shared_memory: bool = True, in_place: bool = True):
+        del in_place  # the script's model is never the sync's buffer here: the daemon holds its own
         if fragments != 1:
             raise ValueError("Streaming DiLoCo (fragments > 1) through a daemon is not built: "
                              "open a node in the script (meshd.open_node) for it")

@@ -167,6 +167,55 @@ async def test_a_member_that_leaves_reads_as_left_and_one_that_stops_as_quiet(tm
         assert out.rstrip().endswith(f"membership document {status['membership']['document']} (writer)")
 
 
+class _NoisyDiLoCo(ml.DiLoCo):
+    """A bad member: sends noise 20 times the size of its honest pseudo-gradient."""
+
+    def _delta(self, p: int) -> torch.Tensor:
+        honest = super()._delta(p)
+        noise = torch.randn(honest.shape, generator=torch.Generator().manual_seed(self.steps))
+        return noise * (20 * honest.norm() / noise.norm())
+
+
+async def test_the_group_reports_a_member_its_reducers_keep_clipping(tmp_path, capsys, monkeypatch):
+    """Each member writes whom its rule clipped into its entry; status sums them over the group."""
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 4, _config())
+        models = [_model(seed=0) for _ in nodes]
+        opts = [(_NoisyDiLoCo if i == 3 else ml.DiLoCo)(
+                    node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                    inner_steps=2, rule="trimmed_mean") for i, (node, model) in enumerate(zip(nodes, models))]
+        bad = str(nodes[3].peer_id)
+        with trio.fail_after(10):
+            for node in nodes:
+                group = node.service("learning").groups[GROUP]
+                while len(group.live()) < len(nodes):
+                    await group._heard.wait()
+
+        def reported() -> bool:  # most of the other members' entries find it a suspect
+            from learn.membership import clipped_by_group
+            return 2 * clipped_by_group(_entries(nodes[0])).get(bad, (0, 0, 0))[2] > 3
+
+        async with trio.open_nursery() as nursery:
+            for i, (opt, model) in enumerate(zip(opts, models)):
+                nursery.start_soon(_train, opt, model, i)
+            await _until(nodes[0], reported)
+            nursery.cancel_scope.cancel()
+
+        status = await nodes[0].service("learning").control_methods()["learning.status"]({"group": GROUP}, None)
+        rows = {m["peer"]: m for m in status["members"]}
+        assert rows[bad]["group_suspect"] and rows[bad]["suspected_by"] >= 2 and rows[bad]["voters"] == 3
+        assert 3 <= rows[bad]["group_clipped"] <= rows[bad]["group_used"]
+        assert not any(m["group_suspect"] for peer, m in rows.items() if peer != bad)
+        monkeypatch.setenv("COLUMNS", "250")  # one line per member
+        info, show = await learning_cli.cmd_status(_Client(nodes[0]), argparse.Namespace(group=GROUP))
+        show()
+        out = capsys.readouterr().out
+        lines = [line for line in out.splitlines() if "SUSPECT" in line]
+        assert len(lines) == 1, out
+        line = lines[0]
+        assert bad[:16] in line and f"suspect to {rows[bad]['suspected_by']} of 3" in line
+
+
 async def test_an_entry_another_member_wrote_is_rejected(tmp_path):
     async with AsyncExitStack() as stack:
         nodes = await open_nodes(stack, tmp_path, 3, _config())

@@ -76,12 +76,46 @@ async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path
             [[(r.round, r.contributors, r.missing_values, round(r.seconds, 2)) for r in opt.reports] for opt in opts]
         for name in opts[0].theta:
             assert all(torch.equal(opts[0].theta[name], opt.theta[name]) for opt in opts[1:])
+        for opt, model in zip(opts, models):  # the sync's buffer was the parameters: θ is back in them
+            assert opt._flat is not None
+            assert all(torch.equal(p, opt.theta[n]) for n, p in model.named_parameters())
         bulk = [node.service("learning").bulk for node in nodes]
         assert bulk[0].fetched > 0 and bulk[1].fetched > 0  # each reduces a slice: fetches parts
         assert (bulk[2].lent > 0 and bulk[2].fetched > 0) if lanes == "all" else (bulk[2].lent == bulk[2].fetched == 0)
         moved, received = sum(b.fetched for b in bulk), sum(sum(opt.group.bytes_in.values()) for opt in opts)
         assert moved == sum(b.lent for b in bulk)
         assert moved == received if lanes == "all" else moved < received  # the rest came over QUIC
+
+
+@pytest.mark.parametrize("how", ["cancelled", "failed"])
+async def test_an_exchange_that_does_not_finish_leaves_the_parameters_at_theta(tmp_path, how):
+    """The parameters hold Δ and then the average during a sync: one that ends early puts θ back."""
+    async with AsyncExitStack() as stack:
+        node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
+        model = _model(seed=0)
+        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                        inner_steps=2)
+        entered = trio.Event()
+
+        async def exchange(round_, p, delta, samples):
+            delta.fill_(7.0)  # what a half-done exchange leaves: neither Δ nor θ
+            entered.set()
+            if how == "failed":
+                raise RuntimeError("the exchange broke")
+            await trio.sleep_forever()
+
+        opt._exchange = exchange
+        await _train(opt, model, 1, seed=0)
+        assert not all(torch.equal(p, opt.theta[n]) for n, p in model.named_parameters())  # it trained
+        async with trio.open_nursery() as nursery:
+            async def sync() -> None:
+                with pytest.raises(RuntimeError) if how == "failed" else trio.CancelScope():
+                    await _train(opt, model, 1, seed=1)
+
+            nursery.start_soon(sync)
+            await entered.wait()
+            nursery.cancel_scope.cancel()
+        assert all(torch.equal(p, opt.theta[n]) for n, p in model.named_parameters())
 
 
 async def test_a_gossip_round_merges_live_partners_parameters(tmp_path):

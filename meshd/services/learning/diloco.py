@@ -22,6 +22,7 @@ time and peak bandwidth drops by P.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from collections import Counter
@@ -39,6 +40,7 @@ from ...identity import PeerId
 from ...rpc import RpcError
 
 log = logging.getLogger("meshd.learning")
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 def _joined(theta: dict, momentum: dict) -> dict:
@@ -56,13 +58,55 @@ def _split(tensors: dict) -> tuple[dict, dict]:
     return parts
 
 
+def _trim() -> None:
+    """Give the heap's free memory back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere): after an exchange the heap held about one model's size it had freed,
+    which the next exchange did not reuse, so each member's peak was that much higher."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _flatten(params: list) -> torch.Tensor | None:
+    """Make ``params`` views, in order, of one new float32 vector holding their values,
+    and return it; None (nothing changed) unless each is a float32 CPU tensor that
+    owns all of its own memory and is not shared (with another process, or with
+    another tensor: a view or a tied weight)."""
+    storages = set()
+    for p in params:
+        storage = p.untyped_storage()
+        if (p.dtype != torch.float32 or p.device.type != "cpu" or p.is_shared() or not p.is_contiguous()
+                or p.storage_offset() or storage.nbytes() != p.numel() * 4 or storage.data_ptr() in storages):
+            return None
+        storages.add(storage.data_ptr())
+    flat = torch.empty(sum(p.numel() for p in params))
+    at = 0
+    with torch.no_grad():
+        for p in params:
+            view = flat[at:at + p.numel()].view_as(p)
+            view.copy_(p)
+            p.data = view
+            at += p.numel()
+    return flat
+
+
 class DiLoCo:
-    """DiLoCo for ``model`` in group ``group``: ``await step(samples)`` after each backward."""
+    """DiLoCo for ``model`` in group ``group``: ``await step(samples)`` after each backward.
+
+    With ``in_place`` (the default) and one fragment, the model's parameters
+    become views of one float32 vector (when each is a float32 CPU tensor of
+    its own, not shared) and a sync uses them as its buffer: they hold Δ and
+    then the average while ``step`` awaits the exchange, and θ when it
+    returns, which saves a copy of the model.  Anything that reads the
+    parameters during that await (another task, a tensor taken from
+    ``param.data`` before this call) sees those values or the old storage;
+    ``in_place=False`` keeps a vector of its own instead.  If the exchange is
+    cancelled or fails, the parameters are set back to θ.
+    """
 
     def __init__(self, node, model: torch.nn.Module, *, inner_opt: torch.optim.Optimizer, group: str,
                  inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  fragments: int = 1, overlap: int | None = None, alpha: float = 0.5,
-                 compression: str = "none", block: int = 64, rule: str = "mean"):
+                 compression: str = "none", block: int = 64, rule: str = "mean", in_place: bool = True):
         parse_rule(rule)  # a bad rule fails here, not at the first sync
         self._service = node.service("learning")  # the Learning service, or a daemon session's view of it
         self.model, self.inner_opt = model, inner_opt
@@ -73,6 +117,8 @@ class DiLoCo:
         self.compression, self.block, self.rule = compression, block, rule
         self._params = dict(model.named_parameters())
         self.fragments = split(list(self._params), fragments)
+        # P = 1: the parameters, views of one vector in name order, hold Δ and then the average during a sync
+        self._flat = _flatten([self._params[n] for n in sorted(self._params)]) if in_place and fragments == 1 else None
         self.theta = {n: p.detach().float().clone() for n, p in self._params.items()}
         self.outer = OuterSGD(lr=outer_lr, momentum=outer_momentum, nesterov=True)
         self.group = self._service.join(group, algorithm="streaming-diloco" if fragments > 1 else "diloco",
@@ -229,9 +275,7 @@ class DiLoCo:
                                   "bytes": sum(t.numel() * t.element_size() for t in tensors.values())})
         self.theta = {n: t.float() for n, t in theta.items()}
         self.outer.momentum = {n: t.float() for n, t in momentum.items()}
-        with torch.no_grad():
-            for name, param in self._params.items():
-                param.copy_(self.theta[name])
+        self._reset_params(self._params)
         self.version += 1
         self._taken += 1
         group.round = group.joined = round_  # off that round's roster, it follows the round
@@ -246,11 +290,19 @@ class DiLoCo:
 
     def _delta(self, p: int) -> torch.Tensor:
         """Fragment ``p``'s Δ = θ − θ_local, flattened in name order, written into
-        the fragment's one flat vector: kept from exchange to exchange (one
-        exchange of a fragment ends before its next begins) and, with codec
-        none, the one the average is written back into, so a large model's
-        exchange maps no fresh memory of its size, page faults and all."""
+        the fragment's one flat vector: the parameters themselves where
+        :func:`_flatten` made them one (θ_local is not needed once Δ is taken;
+        the outer step writes θ back), else a vector kept from exchange to
+        exchange (one exchange of a fragment ends before its next begins).
+        With codec none the average is written back into it, so a large
+        model's exchange maps no fresh memory of its size, page faults and all."""
         names = sorted(self.fragments[p])
+        if self._flat is not None:
+            with torch.no_grad():
+                for n in names:
+                    param = self._params[n].detach()
+                    torch.sub(self.theta[n], param, out=param)
+            return self._flat
         if p not in self._buffers:
             self._buffers[p] = torch.empty(sum(self.theta[n].numel() for n in names))
         out, at = self._buffers[p], 0
@@ -277,8 +329,18 @@ class DiLoCo:
 
     async def _sync(self, p: int) -> None:
         round_ = self.steps // self.H - 1
-        out = await self._exchange(round_, p, self._delta(p), self.samples)
+        try:
+            out = await self._exchange(round_, p, self._delta(p), self.samples)
+        except BaseException:
+            if self._flat is not None:  # they held Δ, or part of the average: the model goes back to θ
+                self._reset_params(self.fragments[p])
+            raise
         self._land(p, out, streaming=False)
+
+    def _reset_params(self, names) -> None:
+        with torch.no_grad():
+            for n in names:
+                self._params[n].copy_(self.theta[n])
 
     async def _exchange(self, round_: int, p: int, delta: torch.Tensor, samples: int) -> dict:
         group = self.group
@@ -307,6 +369,8 @@ class DiLoCo:
         """Apply the outer step for fragment ``p``, unless a state taken meanwhile replaced θ."""
         group = self.group
         if out["taken"] != self._taken:
+            if self._flat is not None:  # the state taken was copied in, and the exchange wrote over it since
+                self._reset_params(self.fragments[p])
             return
         names = sorted(self.fragments[p])
         offsets, at = {}, 0
@@ -325,6 +389,7 @@ class DiLoCo:
                 value = mix(local.detach().float(), self.theta[n], self.alpha) if streaming else self.theta[n]
                 local.copy_(value)
         self.version += 1
+        _trim()
         if p == self.P - 1 or not streaming:
             self.samples = 0
             group.round = out["round"] + 1

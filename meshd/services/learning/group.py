@@ -27,6 +27,7 @@ import trio
 
 from learn.encoded import CodecError
 from learn.group import HASH_HISTORY, GroupView, RoundClock, majority
+from learn.membership import suspect
 from learn.wire import (
     CHUNK, Contribution, Decoder, Into, Limits, WireError, chunk_counts, digest_of, frames, header, roster_digest,
     subset_bits, subset_of,
@@ -47,7 +48,6 @@ log = logging.getLogger("meshd.learning")
 
 KEEP_ROUNDS = 4  # all-reduces and rosters kept (the latest), and how far from its own round a member answers
 _HELLO_MEMBERS = 32  # other members one hello names
-SUSPECT_AFTER = 3  # rounds clipped before a member is reported
 STATE_PROVIDERS = 3  # members a joining member asks for the state it takes over shard sync (the best one included)
 
 
@@ -550,6 +550,9 @@ class Group:
         from learn.allreduce import AllReduce, partition  # noqa: PLC0415
 
         started = trio.current_time()
+        for older in self._exchanges.values():  # keep the reduced slices of the round before only (a member a
+            if older.key[0] < key[0] - 1 and older.over:  # round behind may still fetch them): older ones are past
+                older.offer = None  # their deadlines, and a large model's would stay in memory through this one
         members = await self.roster(key[0])
         exchange = self._exchange(key)
         exchange.roster = members
@@ -603,9 +606,6 @@ class Group:
                     out[lo:hi] = got[0]
                 used_by_any.update(got[1])
         exchange.over, exchange.core, exchange.encoded = True, None, None  # keep the offer, not the vectors
-        for older in self._exchanges.values():  # ... and only this round's and the one before (a member a round
-            if older.key[0] < key[0] - 1 and older.over:  # behind may still fetch it); older ones are past their deadlines
-                older.offer = None
         missing = core.missing_parts()
         self.clock.observe(trio.current_time() - started, complete=not missing and used_by_any >= set(members))
         return out, None if lossless else sent, [ranges[i] for i in missing], used_by_any
@@ -654,9 +654,9 @@ class Group:
     def _suspect(self, member: bytes) -> None:
         """Report (once, in the log and in ``meshctl learning status``) a member
         whose contributions this member's rule clipped in at least
-        :data:`SUSPECT_AFTER` rounds and in most of the rounds it took part in."""
+        as many rounds as :func:`learn.membership.suspect` asks, and in most of the rounds it took part in."""
         clipped = self.clipped[member]
-        if member not in self.suspects and clipped >= SUSPECT_AFTER and 2 * clipped > self.used[member]:
+        if member not in self.suspects and suspect(clipped, self.used[member]):
             self.suspects.add(member)
             log.warning("group %s: %s's contributions were clipped in %d of %d rounds: a bad or broken member?",
                         self.name, PeerId(member).short(), clipped, self.used[member])

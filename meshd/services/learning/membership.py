@@ -44,7 +44,7 @@ import trio
 
 from crdt.document import MAX_NAME
 from learn.membership import (
-    MAX_ISLAND, ROLES, STATES, Refresh, Throughput, check_entry, choose_owner, entry, state_of,
+    MAX_CLIPPED, MAX_ISLAND, ROLES, STATES, Refresh, Throughput, check_entry, choose_owner, entry, state_of,
 )
 
 from ...identity import PeerId
@@ -167,7 +167,7 @@ class Membership:
 
     def _write_entry(self, *, left: float | None = None) -> None:
         now = trio.current_time()
-        said = (self.role, self.island)
+        said = (self.role, self.island, frozenset(self.group.suspects))
         if left is None and not self.refresh.due(now, said):
             return
         if not self.replica.doc.acl.may_write(self.me):
@@ -176,13 +176,21 @@ class Membership:
             return
         samples_s, steps_s = self.meter.measure(now)
         value = entry(joined=self.joined, role=self.role, island=self.island, samples_s=samples_s,
-                      steps_s=steps_s, round=self.group.round, seen=time.time(), every=self.every, left=left)
+                      steps_s=steps_s, round=self.group.round, seen=time.time(), every=self.every, left=left,
+                      clipped=self._clipped())
         if self._write(lambda tx: tx.set([MEMBERS, str(self._host.peer_id)], value), "entry"):
             self.refresh.written(now, said)
             self.note = None
             self.written += 1
             self.updated.set()
             self.updated = trio.Event()
+
+    def _clipped(self) -> dict[str, list[int]]:
+        """What this member's rule clipped, for its entry: the :data:`MAX_CLIPPED` members
+        it clipped most, each as [rounds clipped, rounds it was used in]."""
+        group = self.group
+        most = sorted((k for k, n in group.clipped.items() if n), key=lambda k: (-group.clipped[k], k))[:MAX_CLIPPED]
+        return {str(PeerId(k)): [group.clipped[k], max(group.used[k], group.clipped[k])] for k in most}
 
     def _write(self, fill, what: str) -> bool:
         try:

@@ -47,3 +47,13 @@ def test_a_row_from_a_page_without_run_cells_takes_the_pages_date_and_commit(ben
     kept = bench_all.kept_from(old, {"nat"})
     assert kept.rows["nat"] == ["`benchmarks/nat.py`", "148 s", "0", "0.33", "0.40", "2026-11-26 18:24, 72520ad"]
     assert kept.sections["nat"] == "## nat\n\nnat table"
+
+
+def test_the_benchmarks_still_to_run_are_named_under_the_pages_date(bench_all):
+    text = bench_all.page([_result(bench_all, "rpc", "rpc table", "2026-11-26 18:00, 1234abc")], [], False,
+                          "benchmarks", None, ["cli", "dht"])
+    head = text.split("\n\n")
+    assert head[0] == "# Benchmarks"
+    assert head[1].startswith("Written by ") and head[1].endswith("Still to run when this page was written: cli, dht.")
+    assert "Still to run" not in bench_all.page([_result(bench_all, "rpc", "t", "2026-11-26 18:00, 1234abc")], [],
+                                                False, "benchmarks")

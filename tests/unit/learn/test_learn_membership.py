@@ -90,3 +90,32 @@ def test_refresh_writes_at_once_then_every_interval_and_sooner_on_a_change_but_n
 def test_entry_refuses_to_build_a_bad_one():
     with pytest.raises(ValueError, match="role"):
         _entry(role="boss")
+
+
+def test_what_a_member_clipped_rides_in_its_entry_and_the_group_sums_it():
+    from learn.membership import clipped_by_group, suspect_of_group
+
+    written = {"a": _entry(clipped={"bad": [3, 4], "honest": [1, 4]}), "b": _entry(clipped={"bad": [4, 4]}),
+               "honest": _entry(), "bad": _entry(clipped={"bad": [0, 4], "honest": [9, 9]})}
+    assert [check_entry(e)["clipped"] for e in written.values()][:3] == [
+        {"bad": [3, 4], "honest": [1, 4]}, {"bad": [4, 4]}, {}]
+    assert check_entry({k: v for k, v in _entry().items() if k != "clipped"})["clipped"] == {}  # an older member's
+    by_group = clipped_by_group({author: check_entry(e) for author, e in written.items()})
+    assert by_group == {"bad": (7, 8, 2), "honest": (10, 13, 1)}  # its own entry's word on itself is left out
+    assert suspect_of_group(2, 3) and not suspect_of_group(1, 3)  # one lying entry makes no suspect
+
+
+@pytest.mark.parametrize("bad", [
+    [1, 2], {"p": [2, 1]}, {"p": [1]}, {"p": [-1, 2]}, {"p": [1.0, 2]}, {"p": "1,2"}, {"": [0, 1]},
+    {"p" * 129: [0, 1]}, {str(n): [0, 1] for n in range(33)},
+])
+def test_a_malformed_clipped_map_rejects_the_entry(bad):
+    assert check_entry({**_entry(), "clipped": bad}) is None
+
+
+def test_a_member_is_a_suspect_once_clipped_in_enough_rounds_and_most_of_them():
+    from learn.membership import SUSPECT_AFTER, suspect
+
+    assert suspect(SUSPECT_AFTER, SUSPECT_AFTER) and suspect(SUSPECT_AFTER, 2 * SUSPECT_AFTER - 1)
+    assert not suspect(SUSPECT_AFTER - 1, SUSPECT_AFTER - 1)  # too few rounds to say
+    assert not suspect(SUSPECT_AFTER, 2 * SUSPECT_AFTER)  # half of them: not most

@@ -6,7 +6,8 @@ from fakehost import FakeHost
 
 from meshd.services.learning import LearningSection
 from meshd.services.learning.bulk import Bulk
-from meshd.services.learning.group import SUSPECT_AFTER, Group
+from learn.membership import SUSPECT_AFTER
+from meshd.services.learning.group import Group
 
 
 def test_a_member_clipped_in_most_of_its_rounds_is_reported_once(tmp_path, caplog):
