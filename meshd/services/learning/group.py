@@ -402,18 +402,20 @@ class Group:
 
     async def _hear_the_lately_quiet(self) -> None:
         """Before a roster is fixed from this member's view: give the members that went
-        quiet only lately (silent for one to three dead-after spans) up to a heartbeat
-        to be heard.
+        quiet only lately (silent for one to three dead-after spans) up to two
+        heartbeats to be heard.
 
         A stall of this process (a long reduce, a busy machine) leaves their hellos
         unread meanwhile, so on waking every other member looks quiet; counting that as
-        their silence fixed rosters of this member alone.  A member really gone costs
-        this wait for two spans, at most a heartbeat per roster fixed."""
+        their silence fixed rosters of this member alone.  Two heartbeats, not one: a
+        member stalled too (on the same busy machine) first has to wake and send its
+        next hello.  A member really gone costs this wait for two spans, at most two
+        heartbeats per roster fixed."""
         def lately_quiet() -> list[bytes]:
             now, dead_after = trio.current_time(), self.view.dead_after()
             return [p for p, m in self.view.members.items() if dead_after <= now - m.last_seen < 3 * dead_after]
 
-        with trio.move_on_after(self.view.heartbeat_interval):
+        with trio.move_on_after(2 * self.view.heartbeat_interval):
             while lately_quiet():
                 await self._heard.wait()
 
