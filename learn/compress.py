@@ -77,11 +77,16 @@ def _quantize(part: torch.Tensor, block: int, levels: int) -> tuple[torch.Tensor
     return scales, q
 
 
-def decode(encoded: Encoded) -> torch.Tensor:
+def decode(encoded: Encoded, into: torch.Tensor | None = None) -> torch.Tensor:
     """The tensor ``encoded`` holds: the original dtype for ``none`` and the
     casts, float32 for the quantized codecs.  CodecError if it is malformed
     (unknown codec or dtype, bad shape or block, a payload of the wrong size),
-    never another exception: this is peer data."""
+    never another exception: this is peer data.
+
+    ``into`` (a lossy codec's only: a contiguous tensor of the decoded dtype
+    and as many values) receives the values in place of a new tensor, and is
+    returned in the encoded shape; it is untouched when the encoding is
+    refused, and ValueError if it does not fit."""
     codec, dtype, shape = encoded.codec, encoded.dtype, encoded.shape
     if not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape) \
             or not shape_fits(shape):
@@ -90,19 +95,22 @@ def decode(encoded: Encoded) -> torch.Tensor:
     expected = payload_size(codec, dtype, numel, encoded.block)
     if len(encoded.payload) != expected:
         raise CodecError(f"a {codec} payload of {numel} values is {expected} bytes, not {len(encoded.payload)}")
+    if into is not None and (codec == "none" or not into.is_contiguous() or into.numel() != numel
+                             or into.dtype != (DTYPES[dtype] if codec in _CAST else torch.float32)):
+        raise ValueError(f"cannot decode {codec} {dtype} {shape} into a {into.dtype} tensor of {into.numel()}")
     if codec == "none":
         try:
             return tensor_from_bytes(encoded.payload, dtype, shape)
         except ValueError as exc:
             raise CodecError(str(exc)) from None
     if codec in _CAST:
-        return tensor_from_bytes(encoded.payload, "float16" if codec == "fp16" else "bfloat16",
-                                 shape).to(DTYPES[dtype])
+        half = tensor_from_bytes(encoded.payload, "float16" if codec == "fp16" else "bfloat16", shape)
+        return half.to(DTYPES[dtype]) if into is None else into.view(shape).copy_(half)
     block = encoded.block
     nblocks = math.ceil(numel / block)
     payload = tensor_from_bytes(encoded.payload, "uint8", (len(encoded.payload),))
     scales, raw = payload[:4 * nblocks].view(torch.float32), payload[4 * nblocks:].view(torch.int8)
-    out = torch.empty(numel)
+    out = torch.empty(numel) if into is None else into.view(-1)
     for start in range(0, numel, _SPAN):
         n = min(_SPAN, numel - start)
         if codec == "int8":

@@ -346,19 +346,20 @@ class DiLoCo:
         group = self.group
         taken = self._taken
         started, before = time.perf_counter(), sum(group.bytes_out.values())
-        residual = self._residual.get(p)
+        lossy = self.compression != "none"
+        residual = self._residual.get(p)  # error feedback: what the codec lost of the last exchange
         q = delta.add_(residual) if residual is not None else delta
+        if lossy and residual is None:
+            residual = self._residual[p] = torch.zeros_like(delta)
         rule = parse_rule(self.rule)
 
         def reduce(tensors, weights):
             result = aggregate(tensors, weights, rule)
             return result.value, result.clipped
 
-        avg, sent, missing, used = await group.allreduce(
+        avg, missing, used = await group.allreduce(
             (round_, p), q, samples=samples, encode=lambda t: encode(t, self.compression, self.block),
-            decode=decode, reduce=reduce, out=q if self.compression == "none" else None)
-        if self.compression != "none":  # keep what the codec lost (a member off the roster sent nothing: zero)
-            self._residual[p] = torch.sub(q, sent, out=residual) if residual is not None else q - sent
+            decode=decode, reduce=reduce, out=q, error=residual if lossy else None)
         gap = sum(hi - lo for lo, hi in missing)
         self.membership.report(role="contributor" if group.me in used else "follower")
         self.reports.append(SyncReport(round_, p, len(used), gap, sum(group.bytes_out.values()) - before,

@@ -526,7 +526,7 @@ class Group:
     # --- the all-reduce ----------------------------------------------------------------------
 
     async def allreduce(self, key: tuple, flat, *, samples: int, encode: Callable, decode: Callable,
-                        reduce: Callable, out=None) -> tuple[object, object, list[tuple[int, int]], set[bytes]]:
+                        reduce: Callable, out=None, error=None) -> tuple[object, list[tuple[int, int]], set[bytes]]:
         """Average ``flat`` (a float32 vector) with the other contributors of round ``key[0]``.
 
         The round's :meth:`roster` cuts the vector into one slice per
@@ -537,17 +537,19 @@ class Group:
         what it sends, so every member holds the same bits); ``reduce(tensors,
         weights)`` returns the reduced slice and the indices of the
         contributions it clipped; ``key`` is (round, fragment).  Returns the
-        averaged vector, what the others received of ``flat`` (decoded: the
-        caller keeps the difference as error feedback; None if nothing was
-        lost; ``flat`` itself for a member that sent nothing), the (start, end) ranges that could not be had (zeros there),
-        and the contributors some reducer used.  A member not on the roster
-        sends nothing and takes the reduced slices like the others.
+        averaged vector, the (start, end) ranges that could not be had (zeros
+        there), and the contributors some reducer used.  A member not on the
+        roster sends nothing and takes the reduced slices like the others.
 
-        The average is written into ``out`` if given, and reduced slices sent
-        uncompressed are received straight into it; ``out`` may be ``flat``
-        itself (with codec none), each slice then overwritten once this
-        member's part of it has gone to its reducer: a large model's
-        exchange then maps no new memory for either."""
+        Where a lossy codec encodes a slice, ``flat`` is overwritten there by
+        what the others receive (the decoding), and what the codec lost goes
+        into ``error`` (a vector of ``flat``'s size, if given: the caller's
+        error feedback; zeros for a member that sent nothing).  The average is
+        written into ``out`` if given, and reduced slices sent uncompressed are
+        received straight into it; ``out`` may be ``flat`` itself, each slice
+        then overwritten once this member's part of it has gone to its
+        reducer: a large model's exchange then maps no new memory for
+        either."""
         import torch  # noqa: PLC0415  (torch, and learn's modules that use it, only where tensors are)
         from learn.allreduce import AllReduce, partition  # noqa: PLC0415
 
@@ -560,12 +562,11 @@ class Group:
         exchange.roster = members
         ranges = partition(flat.numel(), members)
         contributing = self.me in members
-        encoded = [encode(flat[lo:hi]) for lo, hi in ranges] if contributing else []
-        lossless = contributing and all(e.codec == "none" for e in encoded)  # the others receive flat itself
-        sent = torch.cat([decode(e) for e in encoded]) if contributing and not lossless else flat
+        encoded = [self._encode_part(flat[lo:hi], encode, decode, None if error is None else error[lo:hi])
+                   for lo, hi in ranges] if contributing else []
+        if error is not None and not contributing:
+            error.zero_()
         out = torch.empty_like(flat) if out is None else out
-        if out.data_ptr() == flat.data_ptr() and contributing and not lossless:
-            raise ValueError("the average goes into the vector itself only with codec none")
         gone = [trio.Event() for _ in members]  # this member's part i is with its reducer (or failed to go)
         for index in range(len(members)):
             if not contributing or members[index] == self.me or out.data_ptr() != flat.data_ptr():
@@ -574,10 +575,10 @@ class Group:
         def reduce_part(tensors, weights):
             value, exchange.clipped = reduce(tensors, weights)
             exchange.encoded = encode(value)  # what the others receive: for codec none, value itself
-            return value if exchange.encoded.codec == "none" else decode(exchange.encoded)
+            return value if exchange.encoded.codec == "none" else _decode_into(decode, exchange.encoded, value)
 
         timeout = self.clock.timeout()
-        core = exchange.core = AllReduce(self.me, members, sent, reduce=reduce_part, weight=max(1, samples),
+        core = exchange.core = AllReduce(self.me, members, flat, reduce=reduce_part, weight=max(1, samples),
                                          now=trio.current_time(), timeout=timeout)
         exchange.samples[self.me] = samples
         digest = roster_digest(members)
@@ -610,7 +611,21 @@ class Group:
         exchange.over, exchange.core, exchange.encoded = True, None, None  # keep the offer, not the vectors
         missing = core.missing_parts()
         self.clock.observe(trio.current_time() - started, complete=not missing and used_by_any >= set(members))
-        return out, None if lossless else sent, [ranges[i] for i in missing], used_by_any
+        return out, [ranges[i] for i in missing], used_by_any
+
+    @staticmethod
+    def _encode_part(part, encode: Callable, decode: Callable, error):
+        """``part`` encoded; where the codec loses, ``part`` becomes what the others
+        receive of it and ``error`` (if given) what was lost."""
+        encoded = encode(part)  # its own bytes: part may change now
+        if encoded.codec != "none":
+            if error is not None:
+                decode(encoded, into=error)
+                error.sub_(part).neg_()  # part − received, exactly: no buffer of the part's size
+            decode(encoded, into=part)
+        elif error is not None:
+            error.zero_()
+        return encoded
 
     def _exchange(self, key: tuple) -> Exchange:
         exchange = self._exchanges.get(key)
@@ -714,7 +729,8 @@ class Group:
                                                    round=round_, with_used=True, into=into)
 
                 _, named, used = await _lane_or_quic(take, self._bulk.enabled)
-                core.received_reduced(reducer.key, index, decode(named[0][1]), subset_of(core.members, used))
+                core.received_reduced(reducer.key, index, _decode_into(decode, named[0][1], place),
+                                      subset_of(core.members, used))
         except (RpcError, trio.TooSlowError, OSError, ValueError) as exc:  # ValueError: CodecError, AllReduceError
             log.info("group %s: no reduced slice %d from %s: %s", self.name, index, reducer.short(), exc)
 
@@ -877,6 +893,20 @@ class Group:
         if await anext(items, None) is not None:
             raise WireError("frames after a lent tensor set's headers")
         return named
+
+
+def _decode_into(decode: Callable, encoded, place):
+    """A reduced slice sent through a lossy codec, decoded straight into ``place``
+    (its part of the average) where it fits there, else into a tensor of its own
+    (which the all-reduce then refuses if its size is wrong)."""
+    if encoded.codec != "none":
+        try:
+            return decode(encoded, into=place)
+        except CodecError:
+            raise
+        except ValueError:  # it does not fit there
+            pass
+    return decode(encoded)
 
 
 def _fresh(name: str, codec: str, nbytes: int) -> memoryview | None:

@@ -133,3 +133,23 @@ def test_raw_bytes_are_little_endian_row_major():
         tensor_from_bytes(b"\x00" * 7, "float32", (2,))
     with pytest.raises(ValueError, match="dtype"):
         tensor_from_bytes(b"", "complex64", (0,))
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16", "int8", "int4"])
+def test_decoding_into_a_tensor_gives_the_same_values_in_it(codec):
+    value = torch.randn(300, generator=torch.Generator().manual_seed(3))
+    encoded = encode(value, codec, 64)
+    into = torch.full((300,), 9.0)
+    assert decode(encoded, into=into).data_ptr() == into.data_ptr()
+    assert torch.equal(into, decode(encoded))
+
+
+def test_decoding_into_a_tensor_that_does_not_fit_is_refused_and_leaves_it_alone():
+    encoded = encode(torch.ones(64), "int8", 64)
+    for into in (torch.zeros(63), torch.zeros(64, dtype=torch.float64), torch.zeros(128)[::2]):
+        before = into.clone()
+        with pytest.raises(ValueError):
+            decode(encoded, into=into)
+        assert torch.equal(into, before)
+    with pytest.raises(ValueError):
+        decode(encode(torch.ones(4), "none"), into=torch.zeros(4))  # codec none: nothing to decode into
