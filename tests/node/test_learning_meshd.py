@@ -118,6 +118,33 @@ async def test_an_exchange_that_does_not_finish_leaves_the_parameters_at_theta(t
         assert all(torch.equal(p, opt.theta[n]) for n, p in model.named_parameters())
 
 
+async def test_a_state_taken_during_a_sync_leaves_the_exchange_its_vector_then_lands_in_the_model(tmp_path):
+    """The parameters are the sync's vector (parts are lent from it): a state taken meanwhile
+    must not overwrite them before the exchange ends; the model then holds that state's θ."""
+    async with AsyncExitStack() as stack:
+        node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
+        model = _model(seed=0)
+        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                        inner_steps=2)
+        await _train(opt, model, 1, seed=0)
+        taken = {**{f"theta/{n}": torch.full_like(t, 3.0) for n, t in opt.theta.items()},
+                 **{f"momentum/{n}": torch.zeros_like(t) for n, t in opt.theta.items()}}
+        seen = {}
+
+        async def exchange(round_, p, delta, samples):
+            before = delta.clone()
+            opt._apply(b"\x01" * 32, 5, dict(taken), path="pull", seconds=0.0)  # as a resync would, meanwhile
+            await trio.lowlevel.checkpoint()
+            seen["kept"] = torch.equal(delta, before)
+            return {"round": round_, "avg": delta, "taken": opt._taken - 1}
+
+        opt._exchange = exchange
+        await _train(opt, model, 1, seed=1)
+        assert seen["kept"]
+        assert all(torch.equal(p, torch.full_like(p, 3.0)) for p in model.parameters())
+        assert opt.group.round == 5 and opt.steps == 10
+
+
 async def test_a_gossip_round_merges_live_partners_parameters(tmp_path):
     async with AsyncExitStack() as stack:
         nodes = await open_nodes(stack, tmp_path, 3, _config(tmp_path))

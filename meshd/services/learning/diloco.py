@@ -100,7 +100,8 @@ class DiLoCo:
     parameters during that await (another task, a tensor taken from
     ``param.data`` before this call) sees those values or the old storage;
     ``in_place=False`` keeps a vector of its own instead.  If the exchange is
-    cancelled or fails, the parameters are set back to θ.
+    cancelled or fails, the parameters are set back to θ; a state taken from
+    another member meanwhile goes into them when the exchange ends.
     """
 
     def __init__(self, node, model: torch.nn.Module, *, inner_opt: torch.optim.Optimizer, group: str,
@@ -137,6 +138,7 @@ class DiLoCo:
         self._residual: dict[int, torch.Tensor] = {}  # error feedback, per fragment
         self._buffers: dict[int, torch.Tensor] = {}  # fragment -> its Δ vector, reused (the average lands in it)
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
+        self._syncing = False  # a blocking sync is under way (with _flat: the parameters are its vector)
         self._started = False
         self._offer_state()  # a member that joins before our first step can take it already
         self.group.state_source = self._shared_state  # what learning.state publishes over shard sync
@@ -275,8 +277,9 @@ class DiLoCo:
                                   "bytes": sum(t.numel() * t.element_size() for t in tensors.values())})
         self.theta = {n: t.float() for n, t in theta.items()}
         self.outer.momentum = {n: t.float() for n, t in momentum.items()}
-        self._reset_params(self._params)
-        self.version += 1
+        if not (self._syncing and self._flat is not None):  # else the parameters are the exchange's vector
+            self._reset_params(self._params)  # (parts lent from it, its own part not yet reduced): the sync
+        self.version += 1                     # puts θ in them once it ends, seeing the state taken
         self._taken += 1
         group.round = group.joined = round_  # off that round's roster, it follows the round
         group.wake.set()  # say so now, not at the next heartbeat
@@ -329,12 +332,15 @@ class DiLoCo:
 
     async def _sync(self, p: int) -> None:
         round_ = self.steps // self.H - 1
+        self._syncing = True
         try:
             out = await self._exchange(round_, p, self._delta(p), self.samples)
         except BaseException:
             if self._flat is not None:  # they held Δ, or part of the average: the model goes back to θ
                 self._reset_params(self.fragments[p])
             raise
+        finally:
+            self._syncing = False
         self._land(p, out, streaming=False)
 
     def _reset_params(self, names) -> None:
