@@ -20,6 +20,8 @@ take a list of operations, ``[op, path, *args]``, made into one signed change
 
 from __future__ import annotations
 
+import trio
+
 from crdt.change import ChangeError
 from crdt.document import ANYONE, Transaction
 
@@ -101,13 +103,18 @@ def control_methods(docs, me: PeerId) -> dict:
         replica = replica_of(arg)
         if arg.get("peer"):
             return {arg["peer"]: await docs.sync(replica, to_peer(arg["peer"]))}
-        results = {}
-        for peer in list(replica.peers):  # every known replica; one that fails says why
+        peers, results = list(replica.peers), {}  # every known replica at once; one that fails says why
+
+        async def one(peer) -> None:
             try:
-                results[str(peer)] = await docs.sync(replica, peer)
+                results[peer] = await docs.sync(replica, peer)
             except RpcError as exc:
-                results[str(peer)] = {"error": str(exc)}
-        return results
+                results[peer] = {"error": str(exc)}
+
+        async with trio.open_nursery() as nursery:  # one slow or gone replica costs its own timeout, not the sum
+            for peer in peers:
+                nursery.start_soon(one, peer)
+        return {str(peer): results[peer] for peer in peers}
 
     async def compact(arg, ctx):
         replica = replica_of(arg)
