@@ -48,13 +48,14 @@ def _entry_fields(row: dict | None) -> dict:
             "steps_s": row["steps_s"], "doc_round": row["round"], "doc_seen": row["seen"], "state": row["state"]}
 
 
-def _group_clipped(by_group: dict, entries: dict[str, dict], peer: str) -> dict:
+def _group_clipped(by_group: dict, live: set[str], peer: str) -> dict:
     """What the membership document's entries say together of ``peer``'s contributions:
     rounds clipped and used, summed over the other members' entries, how many of
-    those find it a suspect (``suspected_by``) of how many live ones (``voters``),
+    those find it a suspect (``suspected_by``) of how many live ones (``voters``: the
+    ``live`` entries' authors but itself),
     and whether that makes it the group's suspect."""
     clipped, used, by = by_group.get(peer, (0, 0, 0))
-    voters = sum(1 for author, row in entries.items() if author != peer and row["state"] == "live")
+    voters = len(live - {peer})
     return {"group_clipped": clipped, "group_used": used, "suspected_by": by, "voters": voters,
             "group_suspect": suspect_of_group(by, voters)}
 
@@ -66,6 +67,7 @@ def _members(group, host, membership, entries: dict[str, dict]) -> list[dict]:
     common one of the newest round hashed."""
     now = trio.current_time()
     by_group = clipped_by_group(entries)
+    live_entries = {author for author, row in entries.items() if row["state"] == "live"}
     infos = {m.peer: m for m in (group.view.members.get(k) for k in group.live()) if m is not None}
     hashes = {k: (m.hash_round, m.hash) for k, m in infos.items()}
     hashes[group.me] = (group.hash_round, group.hash)
@@ -83,7 +85,7 @@ def _members(group, host, membership, entries: dict[str, dict]) -> list[dict]:
             "seen_ago": 0.0 if key == group.me else max(0.0, now - member.last_seen),
             "path": "self" if key == group.me else (conn.path if conn is not None else None),
             "samples": group.samples.get(key, 0), "clipped": group.clipped.get(key, 0),
-            "suspect": key in group.suspects, **_group_clipped(by_group, entries, str(PeerId(key))),
+            "suspect": key in group.suspects, **_group_clipped(by_group, live_entries, str(PeerId(key))),
             "hash": _hex(hash_), "hash_round": hash_round,
             "agrees": None if majority is None or hash_round != newest else hash_ == majority,
             **_entry_fields(entries.get(str(PeerId(key)))),
@@ -98,7 +100,7 @@ def _members(group, host, membership, entries: dict[str, dict]) -> list[dict]:
             key = PeerId.from_string(peer).key
             rows.append({"peer": peer, "me": False, "round": None, "seen_ago": None, "path": None,
                          "samples": group.samples.get(key, 0), "clipped": group.clipped.get(key, 0),
-                         "suspect": key in group.suspects, **_group_clipped(by_group, entries, peer),
+                         "suspect": key in group.suspects, **_group_clipped(by_group, live_entries, peer),
                          "hash": None, "hash_round": None, "agrees": None,
                          **_entry_fields(entry)})
     return rows
