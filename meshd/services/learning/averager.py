@@ -50,8 +50,8 @@ class GossipAverager:
         self._rng = random.Random(seed)
 
     def _named(self) -> list:
-        state = self.model.state_dict()  # copied: partners pull it while training goes on
-        return [(name, encode(t.detach().clone(), self.compression if mergeable(name, t) else "none", self.block))
+        state = self.model.state_dict()  # copied to the host: partners pull it while training goes on
+        return [(name, encode(t.detach().to("cpu", copy=True), self.compression if mergeable(name, t) else "none", self.block))
                 for name, t in sorted(state.items())]
 
     async def step(self, samples: int = 0) -> GossipReport:
@@ -77,7 +77,7 @@ class GossipAverager:
                 nursery.start_soon(pull, peer)
         states = [state for state, _ in round_.result()]
         if states:
-            own = self.model.state_dict()
+            own = {name: t.detach().cpu() for name, t in self.model.state_dict().items()}  # merged on the host
             weights = [max(1, samples)] + [max(1, n) for _, n in round_.result()] if self.weighted else None
             merged = merge_state(own, states, self.rule, weights=weights, c=self.c)
             self.model.load_state_dict(merged)

@@ -66,6 +66,12 @@ def _trim() -> None:
         _MALLOC_TRIM(0)
 
 
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as float32 in host memory: itself if it is that already, else a copy
+    (a parameter on a GPU: θ, the momentum and the exchange live on the host)."""
+    return tensor.detach().to("cpu", torch.float32)
+
+
 def _flatten(params: list) -> torch.Tensor | None:
     """Make ``params`` views, in order, of one new float32 vector holding their values,
     and return it; None (nothing changed) unless each is a float32 CPU tensor that
@@ -102,6 +108,11 @@ class DiLoCo:
     ``in_place=False`` keeps a vector of its own instead.  If the exchange is
     cancelled or fails, the parameters are set back to θ; a state taken from
     another member meanwhile goes into them when the exchange ends.
+
+    θ, the outer momentum and what an exchange moves live in host memory
+    wherever the model is (a model on a GPU: Δ is copied off it at a sync, θ
+    onto it after the outer step), so a GPU holds the model and its inner
+    optimizer only, as in OpenDiLoCo's offloaded outer step.
     """
 
     def __init__(self, node, model: torch.nn.Module, *, inner_opt: torch.optim.Optimizer, group: str,
@@ -120,7 +131,8 @@ class DiLoCo:
         self.fragments = split(list(self._params), fragments)
         # P = 1: the parameters, views of one vector in name order, hold Δ and then the average during a sync
         self._flat = _flatten([self._params[n] for n in sorted(self._params)]) if in_place and fragments == 1 else None
-        self.theta = {n: p.detach().float().clone() for n, p in self._params.items()}
+        # θ and the momentum in host memory, wherever the model is: a GPU keeps only the model
+        self.theta = {n: p.detach().to("cpu", torch.float32, copy=True) for n, p in self._params.items()}
         self.outer = OuterSGD(lr=outer_lr, momentum=outer_momentum, nesterov=True)
         self.group = self._service.join(group, algorithm="streaming-diloco" if fragments > 1 else "diloco",
                                         rule=rule)
@@ -311,7 +323,7 @@ class DiLoCo:
         out, at = self._buffers[p], 0
         for n in names:
             size = self.theta[n].numel()
-            torch.sub(self.theta[n], self._params[n].detach().float(), out=out[at:at + size].view_as(self.theta[n]))
+            torch.sub(self.theta[n], _host(self._params[n]), out=out[at:at + size].view_as(self.theta[n]))
             at += size
         return out
 
@@ -393,7 +405,7 @@ class DiLoCo:
         with torch.no_grad():
             for n in names:
                 local = self._params[n]
-                value = mix(local.detach().float(), self.theta[n], self.alpha) if streaming else self.theta[n]
+                value = mix(_host(local), self.theta[n], self.alpha) if streaming else self.theta[n]
                 local.copy_(value)
         self.version += 1
         _trim()
