@@ -177,6 +177,8 @@ class Dht:
         if self.config.mode == "auto" and self._wait_for_verdict:
             # Lookups send to many peers, and a peer we sent to cannot be AutoNAT's
             # independent dial-back: let the first verdict come first.
+            if not self._reachability.settled.is_set():
+                log.info("DHT: joining after AutoNAT's first verdict (at most %.0f s)", AUTONAT_WAIT)
             with trio.move_on_after(AUTONAT_WAIT):
                 await self._reachability.settled.wait()
         if not seeds and not len(self.node.table):

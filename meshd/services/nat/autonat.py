@@ -106,6 +106,8 @@ class AutoNat:
             for delay in backoff_delays():
                 if await self.check() != "unknown":
                     break
+                log.info("AutoNAT: no verdict yet (%d peers connected); asking again in %.0f s",
+                         len(self._node.connected()), delay)
                 await trio.sleep(delay)  # peers, or a third peer for them, may still be coming
             self.settled.set()
             await self._stun.address_changed.park()

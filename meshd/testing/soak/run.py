@@ -110,7 +110,8 @@ async def run_soak(clusters: list[Cluster], plan: SoakPlan, folder: Path) -> Soa
                 phases.lap("check")
                 watching.cancel_scope.cancel()
         if lonely:
-            checks.insert(0, Check("every daemon joined the DHT before the work", False, f"alone: {lonely}"))
+            checks.insert(0, Check("every daemon joined the DHT before the work", False,
+                                   f"alone: {lonely}; " + _why_alone(clusters, lonely)))
         for cluster in clusters:
             for slot in cluster.live():
                 slot.sample_rss()
@@ -154,6 +155,15 @@ async def _joined(clusters: list[Cluster], timeout: float) -> list[str]:
                 for slot in cluster.slots:
                     nursery.start_soon(one, slot)
     return sorted(waiting)
+
+
+def _why_alone(clusters: list[Cluster], lonely: list[str]) -> str:
+    """What each lonely daemon's log said last of AutoNAT and the DHT (why it had not joined)."""
+    said = []
+    for slot in (slot for cluster in clusters for slot in cluster.slots if slot.name in lonely):
+        lines = [line for line in slot.daemon.tail_log(400).splitlines() if "autonat" in line or "dht" in line]
+        said.append(f"{slot.name}: " + (" | ".join(lines[-4:]) or "nothing of AutoNAT or the DHT"))
+    return "; ".join(said)
 
 
 class Scripts:
