@@ -13,6 +13,7 @@ from contextlib import AsyncExitStack
 import pytest
 import torch
 import trio
+import trio.testing
 
 import meshd
 from meshnodes import open_nodes
@@ -143,6 +144,40 @@ async def test_a_state_taken_during_a_sync_leaves_the_exchange_its_vector_then_l
         assert seen["kept"]
         assert all(torch.equal(p, torch.full_like(p, 3.0)) for p in model.parameters())
         assert opt.group.round == 5 and opt.steps == 10
+
+
+async def test_the_outer_step_leaves_the_node_answering_and_the_state_offered_is_the_stepped_one(tmp_path):
+    """A large model's outer step and hash take seconds: they run off the node's loop, so
+    a peer's ping is answered meanwhile, and a pull of the state begun meanwhile waits
+    and gets the new round's (not θ half stepped)."""
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 2, _config(tmp_path))
+        model = _model(seed=0)
+        opt = ml.DiLoCo(nodes[0], model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                        inner_steps=2)
+        await _train(opt, model, 1, seed=0)
+        seen: dict = {}
+
+        async def pull() -> None:
+            async for frame in opt.group.serve_pull(nodes[1].peer_id, "state", lane=False):
+                seen["pulled"] = (frame["contribution"]["round"], seen.get("stepped", False))
+                break
+
+        step = opt.outer.step
+
+        def stepping(theta, delta):
+            seen["ping"] = trio.from_thread.run(nodes[1].ping, nodes[0].peer_id)  # raises on the loop's thread
+            trio.from_thread.run_sync(nursery.start_soon, pull)
+            trio.from_thread.run(trio.testing.wait_all_tasks_blocked)  # the pull waits for the new state
+            result = step(theta, delta)
+            seen["stepped"] = True
+            return result
+
+        opt.outer.step = stepping
+        async with trio.open_nursery() as nursery:
+            await _train(opt, model, 1, seed=1)
+        assert seen["ping"] > 0
+        assert seen["pulled"] == (1, True) and opt.group.hash_round == 0
 
 
 async def test_a_gossip_round_merges_live_partners_parameters(tmp_path):

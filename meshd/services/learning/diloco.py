@@ -151,6 +151,7 @@ class DiLoCo:
         self._buffers: dict[int, torch.Tensor] = {}  # fragment -> its Δ vector, reused (the average lands in it)
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
         self._syncing = False  # a blocking sync is under way (with _flat: the parameters are its vector)
+        self._writing: trio.Event | None = None  # set once a worker thread writing Δ or θ is done
         self._started = False
         self._offer_state()  # a member that joins before our first step can take it already
         self.group.state_source = self._shared_state  # what learning.state publishes over shard sync
@@ -181,7 +182,7 @@ class DiLoCo:
             if self.steps >= apply_at:
                 await done.wait()
                 del self._inflight[p]
-                self._land(p, out, streaming=True)
+                await self._land(p, out, streaming=True)
 
     # --- joining ---------------------------------------------------------------------------------
 
@@ -204,10 +205,13 @@ class DiLoCo:
             group.joined = group.round
             group.wake.set()
 
-    def _offer_state(self) -> None:
+    def _offer_state(self, *, hashed: bool = True) -> None:
+        """Offer θ and the momentum as they are to ``learning.pull``.  ``hashed``: they are the
+        state whose hash this member published (not so between a fragment's outer step and
+        its round's end)."""
         named = [(n, encode(t, "none")) for n, t in sorted(_joined(self.theta, self.outer.momentum).items())]
         self.group.offer("state", self.group.round, named)
-        self._offered = (self.version, self.group.round)
+        self._offered = (self.version if hashed else -1, self.group.round)
 
     def _shared_state(self) -> tuple:
         """The state a joining member takes over shard sync, as ``learning.state`` publishes it:
@@ -245,6 +249,8 @@ class DiLoCo:
         finally:
             self._resyncing = False
         if taken is not None:
+            while self._writing is not None:  # a worker thread is writing Δ or θ: apply after it
+                await self._writing.wait()
             self._apply(peer, *taken, path=path, seconds=time.perf_counter() - started)
 
     async def _take_shards(self, peer: bytes) -> tuple[int, dict] | None:
@@ -346,14 +352,29 @@ class DiLoCo:
         round_ = self.steps // self.H - 1
         self._syncing = True
         try:
-            out = await self._exchange(round_, p, self._delta(p), self.samples)
+            delta = await self._in_thread(self._delta, p)
+            out = await self._exchange(round_, p, delta, self.samples)
         except BaseException:
             if self._flat is not None:  # they held Δ, or part of the average: the model goes back to θ
                 self._reset_params(self.fragments[p])
             raise
         finally:
             self._syncing = False
-        self._land(p, out, streaming=False)
+        await self._land(p, out, streaming=False)
+
+    async def _in_thread(self, work, *args):
+        """``work(*args)`` in a worker thread (torch and blake3 let go of the GIL), so a
+        large model's pass over θ does not stop the node's loop (hellos, peers' pulls and
+        slices) for its length; a state taken meanwhile is applied after it.  A thread
+        cannot be stopped, so a cancellation waits for it and for the caller's next
+        checkpoint: what the caller does with the result is not cut in half."""
+        self._writing = trio.Event()
+        try:
+            with trio.CancelScope(shield=True):
+                return await trio.to_thread.run_sync(work, *args)
+        finally:
+            self._writing.set()
+            self._writing = None
 
     def _reset_params(self, names) -> None:
         with torch.no_grad():
@@ -384,8 +405,12 @@ class DiLoCo:
                                        time.perf_counter() - started))
         return {"round": round_, "avg": avg, "taken": taken}
 
-    def _land(self, p: int, out: dict, *, streaming: bool) -> None:
-        """Apply the outer step for fragment ``p``, unless a state taken meanwhile replaced θ."""
+    async def _land(self, p: int, out: dict, *, streaming: bool) -> None:
+        """Apply the outer step for fragment ``p``, unless a state taken meanwhile replaced θ.
+
+        The step, the copy into the parameters and the state's hash run in a worker
+        thread; meanwhile the state offered to joining members is withheld (their
+        pulls wait for the new one) and a state taken is applied after it."""
         group = self.group
         if out["taken"] != self._taken:
             if self._flat is not None:  # the state taken was copied in, and the exchange wrote over it since
@@ -401,20 +426,29 @@ class DiLoCo:
         if group.serving["state"]:  # a peer is taking our state: step copies of it, not what it reads
             self.theta = {n: t.clone() for n, t in self.theta.items()}
             self.outer.momentum = {n: t.clone() for n, t in self.outer.momentum.items()}
-        self.outer.step(self.theta, delta)  # in place otherwise: no copy of a large model's state per round
+        ends_round = p == self.P - 1 or not streaming
+        group.withhold("state")
+        digest = await self._in_thread(self._step, names, delta, streaming, ends_round)
+        self.version += 1
+        if ends_round:
+            self.samples = 0
+            group.round = out["round"] + 1
+            group.publish_hash(out["round"], digest)
+            self._service.spawn(self._check_hash)
+        self._offer_state(hashed=ends_round)
+
+    def _step(self, names: list, delta: dict, streaming: bool, ends_round: bool) -> bytes | None:
+        """The outer step of ``names`` (in place: no copy of a large model's state per round),
+        θ into the parameters (mixed with them when streaming); the state's hash if the
+        round ends.  Run in a worker thread (:meth:`_land`)."""
+        self.outer.step(self.theta, delta)
         with torch.no_grad():
             for n in names:
                 local = self._params[n]
                 value = mix(_host(local), self.theta[n], self.alpha) if streaming else self.theta[n]
                 local.copy_(value)
-        self.version += 1
         _trim()
-        if p == self.P - 1 or not streaming:
-            self.samples = 0
-            group.round = out["round"] + 1
-            self._publish_hash(out["round"])
-            self._offer_state()
-            self._service.spawn(self._check_hash)
+        return state_hash(self.theta, self.outer.momentum) if ends_round else None
 
     def _publish_hash(self, round_: int) -> None:
         self.group.publish_hash(round_, state_hash(self.theta, self.outer.momentum))

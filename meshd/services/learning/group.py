@@ -125,7 +125,8 @@ class Group:
         self.settled = trio.Event()  # the first discovery and greeting are done
         self._heard = trio.Event()  # set (and renewed) by every hello taken in
         self._heard_of: set[bytes] = set()  # named by the DHT or a hello, not heard from yet
-        self._offers: dict[str, Offer | Callable[[], Offer]] = {}  # kind -> offer, or what signs it when pulled
+        # kind -> offer, or what signs it when pulled, or (withheld) the event its next offer sets
+        self._offers: dict[str, Offer | Callable[[], Offer] | trio.Event] = {}
         self.serving: Counter = Counter()  # kind -> pulls of that offer under way (its tensors must not change)
         self._exchanges: dict[tuple, Exchange] = {}  # (round, fragment) -> its all-reduce
         self._rosters: dict[int, list[bytes]] = {}  # round -> its contributors, once agreed
@@ -259,10 +260,28 @@ class Group:
     def offer(self, kind: str, round: int, named: list, samples: int = 0) -> None:
         """Offer ``named`` ((name, Encoded) pairs, unchanged while offered) to
         ``learning.pull`` of ``kind``; it is digested and signed when first pulled."""
+        withheld = self._offers.get(kind)
         self._offers[kind] = functools.partial(self._sign, round, kind, named, samples)
+        if isinstance(withheld, trio.Event):
+            withheld.set()
+
+    def withhold(self, kind: str) -> None:
+        """Until the next :meth:`offer` of ``kind``, pulls of it (and, for the state,
+        ``learning.state``) wait: its tensors are being written.  Pulls under way
+        go on reading (:attr:`serving` counts them)."""
+        if not isinstance(self._offers.get(kind), trio.Event):
+            self._offers[kind] = trio.Event()
+
+    async def _offered(self, kind: str):
+        """The offer of ``kind`` (None if there is none), once it is not withheld."""
+        offer = self._offers.get(kind)
+        while isinstance(offer, trio.Event):
+            await offer.wait()
+            offer = self._offers.get(kind)
+        return offer
 
     async def serve_pull(self, peer: PeerId, kind: str, *, lane: bool) -> AsyncIterator[dict]:
-        offer = self._offers.get(kind)
+        offer = await self._offered(kind)
         if offer is None:
             raise Unavailable(f"no {kind} offered in group {self.name!r} yet")
         if not isinstance(offer, Offer):
@@ -314,6 +333,7 @@ class Group:
             raise Unavailable(f"no state offered in group {self.name!r} yet")
         self.seen(peer.key)
         async with self._sharing:
+            await self._offered("state")
             version, round_, tensors, hash_of = self.state_source()
             shared = self.shared
             if shared is None or shared.version != version:
