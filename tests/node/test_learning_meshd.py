@@ -119,9 +119,11 @@ async def test_an_exchange_that_does_not_finish_leaves_the_parameters_at_theta(t
         assert all(torch.equal(p, opt.theta[n]) for n, p in model.named_parameters())
 
 
-async def test_a_state_taken_during_a_sync_leaves_the_exchange_its_vector_then_lands_in_the_model(tmp_path):
-    """The parameters are the sync's vector (parts are lent from it): a state taken meanwhile
-    must not overwrite them before the exchange ends; the model then holds that state's θ."""
+async def test_a_state_taken_during_a_sync_returns_the_training_at_once_and_leaves_the_exchange_its_vector(tmp_path):
+    """The parameters are the sync's vector (parts are lent from it).  A state taken meanwhile
+    makes the exchange moot here: the step returns at once with the model holding that
+    state's θ in a new vector, and the exchange goes on in the background (others may
+    still fetch the slice it reduces) with its own vector untouched by the training."""
     async with AsyncExitStack() as stack:
         node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
         model = _model(seed=0)
@@ -130,20 +132,26 @@ async def test_a_state_taken_during_a_sync_leaves_the_exchange_its_vector_then_l
         await _train(opt, model, 1, seed=0)
         taken = {**{f"theta/{n}": torch.full_like(t, 3.0) for n, t in opt.theta.items()},
                  **{f"momentum/{n}": torch.zeros_like(t) for n, t in opt.theta.items()}}
-        seen = {}
+        release, seen = trio.Event(), {}
 
         async def exchange(round_, p, delta, samples):
             before = delta.clone()
             opt._apply(b"\x01" * 32, 5, dict(taken), path="pull", seconds=0.0)  # as a resync would, meanwhile
-            await trio.lowlevel.checkpoint()
+            await release.wait()
             seen["kept"] = torch.equal(delta, before)
             return {"round": round_, "avg": delta, "taken": opt._taken - 1}
 
         opt._exchange = exchange
-        await _train(opt, model, 1, seed=1)
-        assert seen["kept"]
+        with trio.fail_after(10):
+            await _train(opt, model, 1, seed=1)  # returns while the exchange waits
+        assert "kept" not in seen
         assert all(torch.equal(p, torch.full_like(p, 3.0)) for p in model.parameters())
         assert opt.group.round == 5 and opt.steps == 10
+        await _train(opt, model, 1, seed=2)  # the training goes on from the state taken
+        assert not all(torch.equal(p, torch.full_like(p, 3.0)) for p in model.parameters())
+        release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen["kept"]
 
 
 async def test_the_outer_step_leaves_the_node_answering_and_the_state_offered_is_the_stepped_one(tmp_path):

@@ -84,12 +84,18 @@ def _flatten(params: list) -> torch.Tensor | None:
                 or p.storage_offset() or storage.nbytes() != p.numel() * 4 or storage.data_ptr() in storages):
             return None
         storages.add(storage.data_ptr())
+    return _rebind(params, params)
+
+
+def _rebind(params: list, values: list) -> torch.Tensor:
+    """Make ``params`` views, in order, of one new float32 vector holding ``values``
+    (tensors of their shapes), and return it."""
     flat = torch.empty(sum(p.numel() for p in params))
     at = 0
     with torch.no_grad():
-        for p in params:
+        for p, value in zip(params, values):
             view = flat[at:at + p.numel()].view_as(p)
-            view.copy_(p)
+            view.copy_(value)
             p.data = view
             at += p.numel()
     return flat
@@ -106,8 +112,10 @@ class DiLoCo:
     parameters during that await (another task, a tensor taken from
     ``param.data`` before this call) sees those values or the old storage;
     ``in_place=False`` keeps a vector of its own instead.  If the exchange is
-    cancelled or fails, the parameters are set back to θ; a state taken from
-    another member meanwhile goes into them when the exchange ends.
+    cancelled or fails, the parameters are set back to θ.  If a state is taken
+    from another member meanwhile, ``step`` returns at once with the
+    parameters holding its θ (a new vector), and the exchange, moot here, goes
+    on in the background with its own: others may fetch the slice it reduces.
 
     θ, the outer momentum and what an exchange moves live in host memory
     wherever the model is (a model on a GPU: Δ is copied off it at a sync, θ
@@ -150,7 +158,7 @@ class DiLoCo:
         self._residual: dict[int, torch.Tensor] = {}  # error feedback, per fragment
         self._buffers: dict[int, torch.Tensor] = {}  # fragment -> its Δ vector, reused (the average lands in it)
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
-        self._syncing = False  # a blocking sync is under way (with _flat: the parameters are its vector)
+        self._syncing: trio.Event | None = None  # a blocking sync waits on it (set: it returns)
         self._writing: trio.Event | None = None  # set once a worker thread writing Δ or θ is done
         self._started = False
         self._offer_state()  # a member that joins before our first step can take it already
@@ -295,9 +303,13 @@ class DiLoCo:
                                   "bytes": sum(t.numel() * t.element_size() for t in tensors.values())})
         self.theta = {n: t.float() for n, t in theta.items()}
         self.outer.momentum = {n: t.float() for n, t in momentum.items()}
-        if not (self._syncing and self._flat is not None):  # else the parameters are the exchange's vector
-            self._reset_params(self._params)  # (parts lent from it, its own part not yet reduced): the sync
-        self.version += 1                     # puts θ in them once it ends, seeing the state taken
+        if self._syncing is not None and self._flat is not None:
+            self._detach()
+        else:
+            self._reset_params(self._params)
+        self._buffers.clear()  # exchanges under way keep theirs: the next ones start afresh
+        self._residual.clear()  # (what the codec lost was of the state left behind)
+        self.version += 1
         self._taken += 1
         group.round = group.joined = round_  # off that round's roster, it follows the round
         group.wake.set()  # say so now, not at the next heartbeat
@@ -306,6 +318,8 @@ class DiLoCo:
         self._offer_state()
         log.info("group %s: took round %d's state from %s (%s, %.3f s)", group.name, round_, PeerId(peer).short(),
                  path, seconds)
+        if self._syncing is not None:  # the sync under way is moot here: the training goes on from this state
+            self._syncing.set()
 
     # --- one exchange -------------------------------------------------------------------------------
 
@@ -349,18 +363,47 @@ class DiLoCo:
         self._service.spawn(run)
 
     async def _sync(self, p: int) -> None:
+        """Exchange fragment ``p`` (P = 1) and land it; or return as soon as a state is taken
+        from another member meanwhile, the exchange going on in the background: the
+        others may still fetch the slice this member reduces (cancelling it split the
+        group), and waiting it out kept the member from training, up to the round's
+        deadline, in a state it had already left."""
         round_ = self.steps // self.H - 1
-        self._syncing = True
+        taken = self._taken
+        ended = self._syncing = trio.Event()
+        result: dict = {}
+        exchange = trio.CancelScope()
+
+        async def run(delta: torch.Tensor) -> None:
+            try:
+                with exchange:
+                    result["out"] = await self._exchange(round_, p, delta, self.samples)
+            except Exception as exc:  # noqa: BLE001  (raised by the sync if it still waits, else logged)
+                result["error"] = exc
+                if self._taken != taken:
+                    log.info("group %s: round %d's exchange, moot here, failed: %r", self.group.name, round_, exc)
+            finally:
+                ended.set()
+
         try:
             delta = await self._in_thread(self._delta, p)
-            out = await self._exchange(round_, p, delta, self.samples)
+            self._service.spawn(run, delta)
+            await ended.wait()
         except BaseException:
-            if self._flat is not None:  # they held Δ, or part of the average: the model goes back to θ
-                self._reset_params(self.fragments[p])
+            exchange.cancel()  # it stops at its next checkpoint: till then it may write its vector
+            if self._taken == taken:  # the parameters held Δ, or part of the average: back to θ
+                self._detach() if self._flat is not None else self._reset_params(self.fragments[p])
+            self._buffers.pop(p, None)
             raise
         finally:
-            self._syncing = False
-        await self._land(p, out, streaming=False)
+            self._syncing = None
+        if self._taken != taken:  # the parameters hold the state taken already
+            return
+        if "error" in result:
+            if self._flat is not None:
+                self._reset_params(self.fragments[p])
+            raise result["error"]
+        await self._land(p, result["out"], streaming=False)
 
     async def _in_thread(self, work, *args):
         """``work(*args)`` in a worker thread (torch and blake3 let go of the GIL), so a
@@ -375,6 +418,12 @@ class DiLoCo:
         finally:
             self._writing.set()
             self._writing = None
+
+    def _detach(self) -> None:
+        """Give the parameters a new vector holding θ (``in_place``): the exchange under way
+        keeps the one they were (parts are lent from it, the average lands in it)."""
+        names = sorted(self._params)
+        self._flat = _rebind([self._params[n] for n in names], [self.theta[n] for n in names])
 
     def _reset_params(self, names) -> None:
         with torch.no_grad():
@@ -412,9 +461,7 @@ class DiLoCo:
         thread; meanwhile the state offered to joining members is withheld (their
         pulls wait for the new one) and a state taken is applied after it."""
         group = self.group
-        if out["taken"] != self._taken:
-            if self._flat is not None:  # the state taken was copied in, and the exchange wrote over it since
-                self._reset_params(self.fragments[p])
+        if out["taken"] != self._taken:  # the state taken is in the parameters already
             return
         names = sorted(self.fragments[p])
         offsets, at = {}, 0
@@ -427,12 +474,13 @@ class DiLoCo:
             self.theta = {n: t.clone() for n, t in self.theta.items()}
             self.outer.momentum = {n: t.clone() for n, t in self.outer.momentum.items()}
         ends_round = p == self.P - 1 or not streaming
+        if ends_round:  # the group sees this member in the next round now, as when the step was not in a thread:
+            self.samples = 0  # a roster fixed meanwhile has it on (its parts come early, and wait)
+            group.round = out["round"] + 1
         group.withhold("state")
         digest = await self._in_thread(self._step, names, delta, streaming, ends_round)
         self.version += 1
         if ends_round:
-            self.samples = 0
-            group.round = out["round"] + 1
             group.publish_hash(out["round"], digest)
             self._service.spawn(self._check_hash)
         self._offer_state(hashed=ends_round)
