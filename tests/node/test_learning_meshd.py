@@ -268,8 +268,13 @@ async def test_a_member_on_the_last_roster_stays_on_before_its_hello_says_it_joi
 
 
 async def test_a_stall_of_the_members_own_process_does_not_leave_the_others_off_its_roster(tmp_path):
+    """The three nodes share the stalled process: after it, the others' next hellos must reach
+    the lowest within its two heartbeats' grace, so the heartbeat here is 0.5 s, not the
+    0.2 s of the other tests (0.4 s was not always enough on 2 loaded cores)."""
+    config = _config(tmp_path)
+    config.learning.heartbeat_interval = 0.5
     async with AsyncExitStack() as stack:
-        groups = await _three_groups(stack, tmp_path, _config(tmp_path))
+        groups = await _three_groups(stack, tmp_path, config)
         lowest = groups[0]
         time.sleep(1.6 * lowest.view.dead_after())  # the stall under test (not a wait): the others' hellos go unread
         assert lowest.view.live(trio.current_time()) == []
