@@ -60,13 +60,20 @@ async def wait_group(nodes, timeout: float = 30.0) -> None:
 
 
 async def train_diloco(opts, models, data, steps: int, schedules=None) -> float:
-    """Every member trains at once: ``steps`` inner steps on its own batches (:func:`batches`),
-    each ending in ``await opts[m].step(...)`` (then ``schedules[m].step()``, if given); returns
-    the wall seconds."""
+    """Every member trains at once until the group's step count (``opts[m].steps``) reaches
+    ``steps``, on its own batches (:func:`batches`), each step ending in ``await
+    opts[m].step(...)`` (then ``schedules[m].step()``, if given); returns the wall seconds.
+
+    A member that takes a later round's state jumps to that round's step count: counting its
+    own calls instead, it went on past the group's last round into one nobody else joined,
+    and waited out its timeout.  At most twice ``steps`` calls, so a member that keeps
+    taking states still ends."""
     async def train(m: int) -> None:
         x, y = data[m]
-        for step in range(steps):
-            bx, by = batches(x, y, m, step)
+        step = 0
+        while opts[m].steps < steps and step < 2 * steps:
+            step += 1
+            bx, by = batches(x, y, m, step - 1)
             torch.nn.functional.cross_entropy(models[m](bx), by).backward()
             await opts[m].step(samples=BATCH)
             if schedules:

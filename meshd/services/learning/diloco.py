@@ -367,7 +367,8 @@ class DiLoCo:
         from another member meanwhile, the exchange going on in the background: the
         others may still fetch the slice this member reduces (cancelling it split the
         group), and waiting it out kept the member from training, up to the round's
-        deadline, in a state it had already left."""
+        deadline, in a state it had already left.  A member two rounds or more ahead
+        meanwhile means the group left this round behind: its state is taken then."""
         round_ = self.steps // self.H - 1
         taken = self._taken
         ended = self._syncing = trio.Event()
@@ -385,10 +386,16 @@ class DiLoCo:
             finally:
                 ended.set()
 
+        async def catch_up() -> None:  # the group left this round behind: take its state (ends the wait)
+            await self._resync(await self.group.ahead_of(round_))
+
         try:
             delta = await self._in_thread(self._delta, p)
             self._service.spawn(run, delta)
-            await ended.wait()
+            async with trio.open_nursery() as waiting:
+                waiting.start_soon(catch_up)
+                await ended.wait()
+                waiting.cancel_scope.cancel()
         except BaseException:
             exchange.cancel()  # it stops at its next checkpoint: till then it may write its vector
             if self._taken == taken:  # the parameters held Δ, or part of the average: back to θ

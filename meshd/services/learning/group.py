@@ -207,6 +207,15 @@ class Group:
         rounds[self.me] = self.round
         return min(rounds, key=lambda k: (-rounds[k], k))
 
+    async def ahead_of(self, round: int) -> bytes:
+        """The key of a live member working two rounds or more past ``round``, once there
+        is one: ``round``'s exchange is over there, and what it kept of it goes soon."""
+        while True:
+            best = self.best_member()
+            if best != self.me and self.view.members[best].round > round + 1:
+                return best
+            await self._heard.wait()
+
     def publish_hash(self, round: int, hash: bytes) -> None:
         """Say (in the hellos from now on) that this member's state after ``round`` has ``hash``."""
         self.hash, self.hash_round = hash, round
