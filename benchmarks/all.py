@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import re
-import re
 import subprocess
 import sys
 import tempfile
