@@ -375,10 +375,10 @@ class DiLoCo:
         result: dict = {}
         exchange = trio.CancelScope()
 
-        async def run(delta: torch.Tensor) -> None:
+        async def run(delta: torch.Tensor, samples: int) -> None:
             try:
                 with exchange:
-                    result["out"] = await self._exchange(round_, p, delta, self.samples)
+                    result["out"] = await self._exchange(round_, p, delta, samples)
             except Exception as exc:  # noqa: BLE001  (raised by the sync if it still waits, else logged)
                 result["error"] = exc
                 if self._taken != taken:
@@ -391,15 +391,17 @@ class DiLoCo:
 
         try:
             delta = await self._in_thread(self._delta, p)
-            self._service.spawn(run, delta)
+            self._service.spawn(run, delta, self.samples)
             async with trio.open_nursery() as waiting:
                 waiting.start_soon(catch_up)
                 await ended.wait()
                 waiting.cancel_scope.cancel()
         except BaseException:
             exchange.cancel()  # it stops at its next checkpoint: till then it may write its vector
-            if self._taken == taken:  # the parameters held Δ, or part of the average: back to θ
-                self._detach() if self._flat is not None else self._reset_params(self.fragments[p])
+            if self._taken == taken and self._flat is not None:  # the parameters held Δ, or part of
+                self._detach()                                       # the average: back to θ
+            elif self._taken == taken:
+                self._reset_params(self.fragments[p])
             self._buffers.pop(p, None)
             raise
         finally:
