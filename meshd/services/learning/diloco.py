@@ -261,8 +261,9 @@ class DiLoCo:
                 await self._writing.wait()
             self._apply(peer, *taken, path=path, seconds=time.perf_counter() - started)
 
-    async def _take_shards(self, peer: bytes) -> tuple[int, dict] | None:
-        """``peer``'s round and state over shard sync, checked against the hash it says; None if that fails."""
+    async def _take_shards(self, peer: bytes) -> tuple[int, dict, bytes] | None:
+        """``peer``'s round, state and its hash over shard sync, checked against the hash it says;
+        None if that fails."""
         group = self.group
         try:
             round_, digest, tensors = await group.take_state(PeerId(peer), timeout=group.clock.timeout())
@@ -273,20 +274,24 @@ class DiLoCo:
             log.warning("group %s: could not take the state of %s over shard sync (%s: %s); pulling it",
                         group.name, PeerId(peer).short(), type(exc).__name__, exc)
             return None
-        return round_, tensors
+        return round_, tensors, digest
 
-    async def _take_pull(self, peer: bytes) -> tuple[int, dict] | None:
-        """``peer``'s round and state over ``learning.pull``; None if that fails."""
+    async def _take_pull(self, peer: bytes) -> tuple[int, dict, bytes] | None:
+        """``peer``'s round, state and its hash (computed here, off the loop) over
+        ``learning.pull``; None if that fails."""
         group = self.group
         try:
             contribution, named = await group.pull(PeerId(peer), "state", timeout=group.clock.timeout())
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.warning("group %s: could not take the state of %s: %s", group.name, PeerId(peer).short(), exc)
             return None
-        return contribution.round, {name: decode(enc) for name, enc in named}
+        tensors = {name: decode(enc) for name, enc in named}
+        return contribution.round, tensors, await trio.to_thread.run_sync(state_hash, *_split(tensors))
 
-    def _apply(self, peer: bytes, round_: int, tensors: dict, *, path: str, seconds: float) -> None:
-        """Make ``tensors`` (theta/NAME, momentum/NAME) of ``round_`` this member's state."""
+    def _apply(self, peer: bytes, round_: int, tensors: dict, digest: bytes | None = None, *, path: str,
+               seconds: float) -> None:
+        """Make ``tensors`` (theta/NAME, momentum/NAME) of ``round_`` this member's state;
+        ``digest`` is their :func:`state_hash` if known (else it is computed here)."""
         group = self.group
         theta, momentum = _split(tensors)
         if set(theta) != set(self.theta):
@@ -314,7 +319,7 @@ class DiLoCo:
         group.round = group.joined = round_  # off that round's roster, it follows the round
         group.wake.set()  # say so now, not at the next heartbeat
         self.steps = round_ * self.H
-        self._publish_hash(round_ - 1)
+        group.publish_hash(round_ - 1, digest or state_hash(self.theta, self.outer.momentum))
         self._offer_state()
         log.info("group %s: took round %d's state from %s (%s, %.3f s)", group.name, round_, PeerId(peer).short(),
                  path, seconds)
@@ -506,9 +511,6 @@ class DiLoCo:
                 local.copy_(value)
         _trim()
         return state_hash(self.theta, self.outer.momentum) if ends_round else None
-
-    def _publish_hash(self, round_: int) -> None:
-        self.group.publish_hash(round_, state_hash(self.theta, self.outer.momentum))
 
     async def _check_hash(self) -> None:
         """Resync from a member with the majority's hash if ours differs, or
