@@ -31,14 +31,14 @@ from meshd.services.experts.remote import COALESCE_DEPTH
 
 
 class Counting(torch.nn.Module):
-    """A linear layer that counts its forward calls and the rows of each (and can be made
-    slow, held at a gate, or broken)."""
+    """A linear layer that counts its forward calls and the rows of each (and can be
+    held at a gate, or broken)."""
 
-    def __init__(self, seed: int = 0, delay: float = 0.0):
+    def __init__(self, seed: int = 0):
         super().__init__()
         torch.manual_seed(seed)
         self.linear = torch.nn.Linear(4, 3)
-        self.forwards, self.delay, self.broken = 0, delay, False
+        self.forwards, self.broken = 0, False
         self.rows: list[int] = []
         self.started = threading.Event()
         self.gate = threading.Event()  # cleared: a forward waits (up to 10 s) until it is set
@@ -51,8 +51,6 @@ class Counting(torch.nn.Module):
         self.gate.wait(10)
         if self.broken:
             raise RuntimeError("the module broke")
-        if self.delay:
-            time.sleep(self.delay)  # in the serving worker thread
         return self.linear(x)
 
 
@@ -239,22 +237,24 @@ async def test_bad_calls_get_clear_errors_and_the_expert_serves_on(tmp_path):
         assert reply["batch"] == 1 and reply["outputs"][0]["shape"] == [1, 3]
 
 
-async def slow_expert(stack: AsyncExitStack, tmp_path, delay: float, **experts) -> tuple:
-    """Nodes a and b, a serving ``slow`` (a Counting that takes ``delay`` s, one row a batch) with
-    the [experts] keys ``experts``: (a, b, the module, its Served)."""
+async def slow_expert(stack: AsyncExitStack, tmp_path, **experts) -> tuple:
+    """Nodes a and b, a serving ``slow`` (a Counting held at its gate until the test opens it,
+    one row a batch) with the [experts] keys ``experts``: (a, b, the module, its Served)."""
     config = Config()
     for key, value in experts.items():
         setattr(config.experts, key, value)
     a, b = await open_nodes(stack, tmp_path, 2, config)
-    module = Counting(delay=delay)
+    module = Counting()
+    module.gate.clear()
+    stack.callback(module.gate.set)  # its worker thread ends before the nodes close
     return a, b, module, await mx.serve(a, module, expert_id="slow", max_batch=1, max_wait_ms=0)
 
 
 async def test_a_full_queue_refuses_new_calls(tmp_path):
     async with AsyncExitStack() as stack:
-        a, b, module, _ = await slow_expert(stack, tmp_path, 0.5, max_queue=2)
+        a, b, module, _ = await slow_expert(stack, tmp_path, max_queue=2)
         x = torch.randn(1, 4)
-        outcomes = []
+        outcomes, refused = [], trio.Event()
 
         async def one():
             try:
@@ -262,11 +262,15 @@ async def test_a_full_queue_refuses_new_calls(tmp_path):
                 outcomes.append("ok")
             except ResourceExhausted:
                 outcomes.append("busy")
+                refused.set()
 
         async with trio.open_nursery() as nursery:
             for _ in range(3):
                 nursery.start_soon(one)
                 await trio.sleep(0)
+            with trio.fail_after(10):
+                await refused.wait()  # the first call is held in the module, the second queued
+            module.gate.set()
         assert sorted(outcomes) == ["busy", "ok", "ok"]
         assert a.service("experts").served["slow"].refused == 1
 
@@ -274,7 +278,9 @@ async def test_a_full_queue_refuses_new_calls(tmp_path):
 async def test_a_slow_server_is_hedged_and_a_gone_one_failed_over(tmp_path):
     async with AsyncExitStack() as stack:
         a, b, c = await open_nodes(stack, tmp_path, 3)
-        slow, fast = Counting(delay=2.0), Counting()
+        slow, fast = Counting(), Counting()
+        slow.gate.clear()  # it never answers while the test runs
+        stack.callback(slow.gate.set)
         await mx.serve(a, slow, expert_id="lin", max_wait_ms=0)
         await mx.serve(b, fast, expert_id="lin", max_wait_ms=0)
         expert = mx.RemoteExpert(c, "lin", timeout=10)
@@ -282,7 +288,7 @@ async def test_a_slow_server_is_hedged_and_a_gone_one_failed_over(tmp_path):
         expert.stats.observe(a.peer_id, 0.001, True, trio.current_time())  # a looks fastest: asked first
         expert.stats.observe(b.peer_id, 0.050, True, trio.current_time())
         x = torch.randn(2, 4)
-        with trio.fail_after(1.5):  # well before the slow server's 2 s
+        with trio.fail_after(5):
             answer = await expert.call(x)
         assert answer.peer == b.peer_id and answer.asked == 2
         assert torch.allclose(answer.outputs[0], fast.linear(x).detach())
@@ -525,8 +531,8 @@ async def test_an_expert_far_slower_than_the_others_is_dropped_from_the_mixture(
 
 async def test_a_call_the_expert_cannot_get_to_in_time_is_deadline_exceeded_and_shapes_leave_no_state(tmp_path):
     async with AsyncExitStack() as stack:
-        a, b, module, served = await slow_expert(stack, tmp_path, 1.0, call_timeout=0.5)
-        outcomes = []
+        a, b, module, served = await slow_expert(stack, tmp_path, call_timeout=0.5)
+        outcomes, refused = [], trio.Event()
 
         async def one(rows: int):
             try:
@@ -534,11 +540,15 @@ async def test_a_call_the_expert_cannot_get_to_in_time_is_deadline_exceeded_and_
                 outcomes.append("ok")
             except DeadlineExceeded as exc:
                 outcomes.append(str(exc))
+                refused.set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(one, 1)
             await trio.to_thread.run_sync(module.started.wait)  # the first call is in the module
             nursery.start_soon(one, 2)  # waits behind it past the server's call_timeout
+            with trio.fail_after(5):
+                await refused.wait()
+            module.gate.set()
         assert any("did not get to this call" in o for o in outcomes)
         with trio.fail_after(5):
             while served._batchers:  # the per-shape batchers go once empty

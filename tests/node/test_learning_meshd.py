@@ -7,7 +7,6 @@ live partners' parameters; a group answers for what it knows.
 
 from __future__ import annotations
 
-import time
 from contextlib import AsyncExitStack
 
 import pytest
@@ -267,16 +266,24 @@ async def test_a_member_on_the_last_roster_stays_on_before_its_hello_says_it_joi
         assert await lowest.roster(1) == everyone
 
 
+def _as_after_a_stall(groups, seconds: float) -> None:
+    """Put each group's view where a stall of its process for ``seconds`` leaves it: every
+    member last heard ``seconds`` earlier (the hellos meanwhile went unread)."""
+    for group in groups:
+        for member in group.view.members.values():
+            member.last_seen -= seconds
+
+
 async def test_a_stall_of_the_members_own_process_does_not_leave_the_others_off_its_roster(tmp_path):
-    """The three nodes share the stalled process: after it, the others' next hellos must reach
-    the lowest within its two heartbeats' grace, so the heartbeat here is 0.5 s, not the
-    0.2 s of the other tests (0.4 s was not always enough on 2 loaded cores)."""
+    """After the stall the others' next hellos must reach the lowest within its two heartbeats'
+    grace, so the heartbeat here is 0.5 s, not the 0.2 s of the other tests (0.4 s was not
+    always enough on 2 loaded cores)."""
     config = _config(tmp_path)
     config.learning.heartbeat_interval = 0.5
     async with AsyncExitStack() as stack:
         groups = await _three_groups(stack, tmp_path, config)
         lowest = groups[0]
-        time.sleep(1.6 * lowest.view.dead_after())  # the stall under test (not a wait): the others' hellos go unread
+        _as_after_a_stall(groups, 1.6 * lowest.view.dead_after())
         assert lowest.view.live(trio.current_time()) == []
         with trio.fail_after(10):
             assert await lowest.roster(0) == sorted(g.me for g in groups)
@@ -309,7 +316,7 @@ async def test_a_group_that_stalled_past_its_timeout_finds_itself_again(tmp_path
         avgs = [ml.GossipAverager(node, _model(seed=i), group=GROUP) for i, node in enumerate(nodes)]
         await _everyone_knows_everyone(nodes)
         groups = [avg.group for avg in avgs]
-        time.sleep(3 * groups[0].view.dead_after())  # the stall under test (not a wait): every member looks gone
+        _as_after_a_stall(groups, 3 * groups[0].view.dead_after())  # every member looks gone
         assert all(len(group.view.live(trio.current_time())) == 0 for group in groups)
         with trio.fail_after(10):
             await _everyone_knows_everyone(nodes)

@@ -227,11 +227,12 @@ async def test_full_bucket_checks_its_oldest_entry_and_replaces_it_if_dead(autoj
         await me.handle(far[0].public_key, "dht.ping", {"from": ["sim:a"]})
         await me.handle(far[1].public_key, "dht.ping", {"from": ["sim:b"]})
         net.dead.add(far[0].public_key)
-        await trio.sleep(61)  # mock clock: the entries were heard from over a minute ago
+        autojump_clock.jump(61)  # the entries were heard from over a minute ago
         await me.handle(far[2].public_key, "dht.ping", {"from": ["sim:c"]})
         await trio.testing.wait_all_tasks_blocked()
         assert far[2].contact not in me.table  # waits while the oldest is checked
-        await trio.sleep(1)  # mock clock: moves time past the check's 0.1 s timeout, nothing else runs
+        autojump_clock.jump(1)  # past the check's 0.1 s timeout
+        await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
     assert far[0].contact not in me.table and far[1].contact in me.table
 
