@@ -51,7 +51,8 @@ class GossipAverager:
 
     def _named(self) -> list:
         state = self.model.state_dict()  # copied to the host: partners pull it while training goes on
-        return [(name, encode(t.detach().to("cpu", copy=True), self.compression if mergeable(name, t) else "none", self.block))
+        return [(name, encode(t.detach().to("cpu", copy=True), self.compression if mergeable(name, t) else "none",
+                              self.block))
                 for name, t in sorted(state.items())]
 
     async def step(self, samples: int = 0) -> GossipReport:
