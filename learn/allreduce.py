@@ -23,7 +23,10 @@ holds what the others receive).  A part whose reducer died or stalled past
 the deadline is missing (:meth:`AllReduce.missing_parts`), which this module
 does not paper over: meshd takes zeros there (a reducer that died is missing
 for everyone, so everyone agrees), and a member that missed a part others
-have is put back by the state-hash check.  A member off the list follows the
+have is put back by the state-hash check.  A contributor that says it left
+the group (:meth:`AllReduce.left`) is not waited for: the reducers reduce
+without its part as soon as the others are in, and the part it reduces is
+missing at once.  A member off the list follows the
 round (it takes the reduced parts and reduces nothing).  Each member sends and receives (N−1)/N
 of the vector twice, as in a butterfly all-reduce.
 """
@@ -90,6 +93,7 @@ class AllReduce:
             self._parts[me] = (vector[lo:hi], _weight(weight))
         self._reduced: dict[int, tuple[torch.Tensor, list[bytes]]] = {}  # index -> (values, contributors used)
         self._missing: list[int] | None = None  # decided at the deadline
+        self._left: set[bytes] = set()  # contributors that said they left: not waited for
         if self.members == [me]:
             self._reduce_mine()
 
@@ -116,9 +120,24 @@ class AllReduce:
         if peer in self._parts:
             raise AllReduceError(f"a part from {_short(peer)} came twice")
         self._parts[peer] = (self._check(index, tensor), _weight(weight))
-        if len(self._parts) == len(self.members):
-            self._reduce_mine()
+        self._reduce_if_all_in()
         return True
+
+    def left(self, peer: bytes) -> bool:
+        """Take it that contributor ``peer`` left the group: its part is not waited
+        for (one that comes before this member reduces is still used) and the part
+        it reduces is missing now.  True if this call reduced this member's part
+        (it is then to be sent).  AllReduceError for a stranger or this member."""
+        if peer not in self._member_set:
+            raise AllReduceError(f"{_short(peer)} is not a contributor")
+        if peer == self.me:
+            raise AllReduceError("this member cannot leave its own round")
+        if peer in self._left:
+            return False
+        self._left.add(peer)
+        mine = self.index is not None and self.index not in self._reduced
+        self._reduce_if_all_in()
+        return mine and self.index in self._reduced
 
     def contributors_missing(self) -> list[bytes]:
         """The contributors whose part this member's reduction lacks (sorted)."""
@@ -153,7 +172,7 @@ class AllReduce:
             raise AllReduceError(f"part {index} is reduced by this member")
         if peer != self.members[index]:
             raise AllReduceError(f"part {index} is reduced by {_short(self.members[index])}, not {_short(peer)}")
-        if self._missing is not None:
+        if self._missing is not None or peer in self._left:
             return False
         if index in self._reduced:
             raise AllReduceError(f"reduced part {index} came twice")
@@ -171,18 +190,25 @@ class AllReduce:
         return True
 
     def missing_parts(self) -> list[int]:
-        """The parts that had not come by the deadline (none before it)."""
-        return list(self._missing or [])
+        """The parts that had not come by the deadline, and those whose reducer left (sorted)."""
+        gone = {i for i, m in enumerate(self.members) if m in self._left and i not in self._reduced}
+        return sorted(gone.union(self._missing or ()))
 
     def done(self) -> bool:
-        """Every part is in, or the deadline has passed."""
-        return len(self._reduced) == len(self.members) or self._missing is not None
+        """Every part is in or will not come, or the deadline has passed."""
+        return len(self._reduced) + len(self.missing_parts()) == len(self.members) or self._missing is not None
 
     def result(self) -> torch.Tensor | None:
         """The whole reduced vector once every part is in; None while (or because) one is not."""
         if len(self._reduced) < len(self.members):
             return None
         return torch.cat([self._reduced[i][0] for i in range(len(self.members))])
+
+    def _reduce_if_all_in(self) -> None:
+        """Reduce this member's part once every contributor that has not left has sent its own."""
+        if self.index is not None and self.index not in self._reduced \
+                and all(m in self._parts or m in self._left for m in self.members):
+            self._reduce_mine()
 
     def _reduce_mine(self) -> None:
         used = [m for m in self.members if m in self._parts]

@@ -88,6 +88,9 @@ def build_services(host: Node, config: Config, names: Sequence[str]) -> list[Ser
     return built
 
 
+FAREWELL_SECONDS = 2.0  # the most a stopping node waits for its services' goodbyes
+
+
 @asynccontextmanager
 async def open_node(
     data_dir: str | Path,
@@ -101,8 +104,11 @@ async def open_node(
 
     ``listen``, ``bootstrap`` and ``services`` (names from :data:`SERVICES`)
     override the config file.  The identity key is created on first use.
-    Leaving the block closes every connection (peers are told), then each
-    service's files (the DHT saves its routing table) and the peer store.
+    Leaving the block (or cancelling it) first lets the services say goodbye
+    (a training group's members stop counting this one; at most
+    :data:`FAREWELL_SECONDS`), then closes every connection (peers are told),
+    then each service's files (the DHT saves its routing table) and the peer
+    store.
     """
     data_dir = Path(data_dir).expanduser()
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -123,12 +129,22 @@ async def open_node(
         for service in build_services(node, config, names):
             node.add_service(service)
         node.off = tuple(name for name in SERVICES if name not in names)
+        running = trio.CancelScope()
+
+        async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            with running:
+                await node.run(task_status=task_status)
+
         async with trio.open_nursery() as nursery:
-            await nursery.start(node.run)
+            await nursery.start(run)
+            running.shield = True  # a cancelled block still says its goodbyes before the node stops
             try:
                 yield node
             finally:
+                with trio.move_on_after(FAREWELL_SECONDS, shield=True):
+                    await node.farewell()
                 node.close_connections()
+                running.cancel()
                 nursery.cancel_scope.cancel()
     finally:
         node.close()

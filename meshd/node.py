@@ -92,6 +92,7 @@ class Node:
         self._address_sources: list[Callable[[], Iterable[HostPort]]] = []
         self._identify_fields: list[Callable[[], dict]] = []
         self._protected: list[Callable[[], Iterable[PeerId]]] = []
+        self._farewells: list[Callable[[], Awaitable[None]]] = []
         self.rpc.register("ping", _ping)
         self.rpc.register("identify", self._identify)
 
@@ -133,6 +134,22 @@ class Node:
 
     def protect(self, peers: Callable[[], Iterable[PeerId]]) -> None:
         self._protected.append(peers)
+
+    def add_farewell(self, goodbye: Callable[[], Awaitable[None]]) -> None:
+        self._farewells.append(goodbye)
+
+    async def farewell(self) -> None:
+        """Run every service's goodbye at once (:meth:`add_farewell`), while the node still runs;
+        one that fails is logged.  The caller bounds the time (:func:`meshd.open_node`: 2 s)."""
+        async def say(goodbye: Callable[[], Awaitable[None]]) -> None:
+            try:
+                await goodbye()
+            except Exception:  # noqa: BLE001  (a goodbye is a courtesy: the node stops anyway)
+                log.warning("a goodbye failed", exc_info=True)
+
+        async with trio.open_nursery() as nursery:
+            for goodbye in self._farewells:
+                nursery.start_soon(say, goodbye)
 
     # --- addresses -------------------------------------------------------------
 

@@ -196,3 +196,7 @@ class Host(Protocol):
 
     def protect(self, peers: Callable[[], Iterable[PeerId]]) -> None:
         """Never close the connections to ``peers()`` for being idle."""
+
+    def add_farewell(self, goodbye: Callable[[], Awaitable[None]]) -> None:
+        """Await ``goodbye()`` when the node stops, before its connections close (tell
+        peers what they would otherwise learn from a timeout); time-bounded by the node."""

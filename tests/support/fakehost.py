@@ -53,6 +53,7 @@ class FakeHost:
         self.address_sources: list = []
         self.identify_fields: list = []
         self.protected: list = []
+        self.farewells: list = []
         self.spawned: list = []
         self.dialed: list[PeerId] = []
 
@@ -100,6 +101,9 @@ class FakeHost:
 
     def protect(self, peers) -> None:
         self.protected.append(peers)
+
+    def add_farewell(self, goodbye) -> None:
+        self.farewells.append(goodbye)
 
 
 class FakeProviders:

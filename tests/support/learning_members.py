@@ -163,10 +163,11 @@ class Running:
 
 
 async def run_member(data_dir, bootstrap, config, progress: Progress, seed: int, *, inner_steps: int = INNER_STEPS,
-                     count: int = 3, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                     count: int = 3, steps: int | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """A node in ``data_dir`` (its identity is kept there) with a DiLoCo member that waits for
     ``count`` live members, as a training script does, then trains until the scope it hands
-    out (in a :class:`Running`, through ``task_status``) is cancelled."""
+    out (in a :class:`Running`, through ``task_status``) is cancelled, or for ``steps`` inner
+    steps and then closes its node."""
     stopped = trio.Event()
     try:
         with trio.CancelScope() as scope:
@@ -184,6 +185,6 @@ async def run_member(data_dir, bootstrap, config, progress: Progress, seed: int,
                                   on_round=on_round)
                 task_status.started(Running(data_dir, node, trainer, scope, stopped, rounds))
                 await trainer.until_live(count)
-                await trainer.run()
+                await trainer.run(steps)
     finally:
         stopped.set()

@@ -87,6 +87,21 @@ class Exchange:
     reduced: trio.Event = dc_field(default_factory=trio.Event)
     served: set = dc_field(default_factory=set)  # members the reduced slice went to
     served_all: trio.Event = dc_field(default_factory=trio.Event)  # ... every other member on the roster
+    left: set = dc_field(default_factory=set)  # members on the roster that said goodbye (not waited for)
+    calls: dict = dc_field(default_factory=dict)  # peer -> cancel scopes of this member's calls to it
+
+    @contextlib.contextmanager
+    def call_to(self, peer: bytes):
+        """A cancel scope for one call to ``peer``, cancelled when it leaves (at once if it has)."""
+        with trio.CancelScope() as scope:
+            if peer in self.left:
+                scope.cancel()
+            scopes = self.calls.setdefault(peer, [])
+            scopes.append(scope)
+            try:
+                yield
+            finally:
+                scopes.remove(scope)
 
 
 class Group:
@@ -125,6 +140,7 @@ class Group:
         self.settled = trio.Event()  # the first discovery and greeting are done
         self._heard = trio.Event()  # set (and renewed) by every hello taken in
         self._heard_of: set[bytes] = set()  # named by the DHT or a hello, not heard from yet
+        self._left: dict[bytes, int] = {}  # member -> the first round it said it would not contribute to
         # kind -> offer, or what signs it when pulled, or (withheld) the event its next offer sets
         self._offers: dict[str, Offer | Callable[[], Offer] | trio.Event] = {}
         self.serving: Counter = Counter()  # kind -> pulls of that offer under way (its tensors must not change)
@@ -144,8 +160,9 @@ class Group:
                 "members": [m for m in self.view.live(now) if m != self.me][:_HELLO_MEMBERS]}
 
     def heard_of(self, peer: bytes) -> None:
-        """Note ``peer`` as a possible member, to be greeted."""
-        if peer != self.me and peer not in self.view.members:
+        """Note ``peer`` as a possible member, to be greeted (not one that said goodbye:
+        others name it until they hear of it, and its DHT record outlives it)."""
+        if peer != self.me and peer not in self.view.members and peer not in self._left:
             self._heard_of.add(peer)
 
     def hello_from(self, peer: PeerId, info: object) -> None:
@@ -154,6 +171,11 @@ class Group:
             raise InvalidArgument("a hello is a map")
         if len(self.view.members) >= self._config.max_members and peer.key not in self.view.members:
             return
+        if peer.key in self._left:  # a hello sent before its goodbye is stale; a new start (no state
+            said = info.get("round")  # yet) or a later round is a member that came back
+            if info.get("joined") is not None and not (type(said) is int and said > self._left[peer.key]):
+                return
+            del self._left[peer.key]
         try:
             self.view.heard(peer.key, info, trio.current_time())
         except ValueError as exc:
@@ -194,6 +216,53 @@ class Group:
             if isinstance(exc, NotFound) or not live:
                 self._heard_of.discard(peer.key)
                 self.view.drop(peer.key)
+
+    async def farewell(self) -> None:
+        """Tell every member this one knows that it leaves (``learning.bye``), all at
+        once, each within a heartbeat: they stop counting it at once instead of after
+        its silence, and an exchange of this round or later stops waiting for it."""
+        arg = {"group": self.name, "round": self.round}
+
+        async def bye(peer: bytes) -> None:
+            with trio.move_on_after(self.view.heartbeat_interval):
+                try:
+                    await self._host.rpc.call(PeerId(peer), "learning.bye", arg)
+                except (RpcError, OSError) as exc:
+                    log.debug("group %s: no goodbye to %s: %s", self.name, PeerId(peer).short(), exc)
+
+        async with trio.open_nursery() as nursery:
+            for peer in self.view.live(trio.current_time()):
+                nursery.start_soon(bye, peer)
+
+    def serve_bye(self, peer: PeerId, arg: object) -> None:
+        """Take ``peer``'s goodbye: it is no longer a member, contributes nothing from
+        ``arg``'s round on (an exchange of that round or later that names it stops
+        waiting for its part, and the slice it reduces is missing), until it greets
+        the group again from a later round or anew."""
+        round_ = field(arg, "round", int)
+        if round_ < 0:
+            raise InvalidArgument("round is >= 0")
+        self.view.drop(peer.key)
+        self._heard_of.discard(peer.key)
+        self._left.pop(peer.key, None)
+        self._left[peer.key] = round_
+        while len(self._left) > self._config.max_members:
+            del self._left[next(iter(self._left))]
+        for exchange in self._exchanges.values():
+            if exchange.core is not None and exchange.key[0] >= round_ and peer.key in exchange.core.members:
+                self._lose(exchange, peer.key)
+        self._heard.set()  # the view changed: what waits on it looks again
+        self._heard = trio.Event()
+        log.info("group %s: %s left (from round %d on)", self.name, peer.short(), round_)
+
+    def _lose(self, exchange: Exchange, peer: bytes) -> None:
+        """Stop waiting in ``exchange`` for ``peer``, which left: its part, its slice, its fetch."""
+        exchange.left.add(peer)
+        exchange.core.left(peer)
+        self._publish_reduced(exchange)
+        for scope in exchange.calls.get(peer, ()):
+            scope.cancel()
+        self._check_served(exchange)
 
     def live(self) -> list[bytes]:
         """The members heard from lately, this one included (sorted keys)."""
@@ -616,11 +685,15 @@ class Group:
                 with contextlib.suppress(InvalidArgument):
                     self._take_part(exchange, peer, index, tensor, their_samples)
         exchange.early.clear()
+        for peer, since in self._left.items():  # goodbyes heard before this member reached the round
+            if since <= key[0] and peer in core.members and peer != self.me:
+                self._lose(exchange, peer)
         self._publish_reduced(exchange)
         async with trio.open_nursery() as nursery:
             if contributing:
                 nursery.start_soon(self._reduce_when_due, exchange)
                 if len(members) > 1:  # stay until the others have this slice (it may be its last round)
+                    self._check_served(exchange)
                     nursery.start_soon(_wait_until, exchange.served_all, core.deadline)
             for peer, index, _ in core.outgoing():
                 nursery.start_soon(self._send_part, exchange, index, encoded[index], samples, timeout, gone[index])
@@ -726,7 +799,7 @@ class Group:
                 self._count_loan(reducer, loan)
 
         try:
-            with trio.fail_after(timeout):
+            with exchange.call_to(reducer.key), trio.fail_after(timeout):
                 await _lane_or_quic(send, self._bulk.enabled)
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.info("group %s: slice %d to %s failed: %s", self.name, index, reducer.short(), exc)
@@ -748,7 +821,7 @@ class Group:
             return tensor_view(place, writable=True) if codec == "none" and size == nbytes else None
 
         try:
-            with trio.fail_at(core.deadline):
+            with exchange.call_to(reducer.key), trio.fail_at(core.deadline):
                 await gone.wait()
 
                 async def take(lane: bool):
@@ -821,7 +894,11 @@ class Group:
                                    used=subset_bits(exchange.roster, exchange.used)):
             yield item
         exchange.served.add(peer.key)
-        if exchange.served >= set(exchange.roster) - {self.me}:
+        self._check_served(exchange)
+
+    def _check_served(self, exchange: Exchange) -> None:
+        """Note when every other member on the roster has this member's reduced slice (or left)."""
+        if exchange.served | exchange.left >= set(exchange.roster) - {self.me}:
             exchange.served_all.set()
 
     # --- moving signed tensor sets -----------------------------------------------------------

@@ -84,6 +84,7 @@ class Learning:
         self.sessions: dict[str, object] = {}  # group name -> the training script's session that drives it
         self.bulk = Bulk(host, enabled=config.lane)
         self._nursery: trio.Nursery | None = None
+        host.add_farewell(self._farewell)
 
     # --- the Service shape ---------------------------------------------------------
 
@@ -91,7 +92,7 @@ class Learning:
         methods = {"learning.hello": self._serve_hello, "learning.roster": self._serve_roster,
                    "learning.pull": self._serve_pull, "learning.state": self._serve_state,
                    "learning.part": Method(self._serve_part, "client_stream"),
-                   "learning.reduced": self._serve_reduced}
+                   "learning.reduced": self._serve_reduced, "learning.bye": self._serve_bye}
         if self.bulk.server is not None:
             methods[LANE_METHOD] = self.bulk.server.issue
         return methods
@@ -149,12 +150,20 @@ class Learning:
 
     def leave(self, name: str) -> None:
         """Stop being a member of ``name``: its entry in the membership document says so
-        at once, and peers stop counting it live at their timeout."""
+        at once, and the members it knows are told (``learning.bye``, in the background)."""
         group = self.groups.pop(name, None)
         if group is not None:
             self.memberships.pop(name).leave()
             group.cancel_scope.cancel()
             self._providers.unprovide(PROVIDER_PREFIX + name.encode())
+            self._nursery.start_soon(group.farewell)
+
+    async def _farewell(self) -> None:
+        """As the node stops: say goodbye to every group's members at once."""
+        async with trio.open_nursery() as nursery:
+            for group in list(self.groups.values()):
+                group.cancel_scope.cancel()
+                nursery.start_soon(group.farewell)
 
     async def _keep(self, group: Group) -> None:
         """Announce ``group``, find its members, and greet them, until it is left.
@@ -234,6 +243,10 @@ class Learning:
         first = await anext(items, None)
         group = self._group_of(first)
         return await group.serve_part(ctx.peer, first, items)
+
+    async def _serve_bye(self, arg, ctx) -> dict:
+        self._group_of(arg).serve_bye(ctx.peer, arg)
+        return {}
 
     async def _serve_reduced(self, arg, ctx):
         group = self._group_of(arg)

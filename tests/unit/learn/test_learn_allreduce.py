@@ -227,6 +227,51 @@ def test_parts_whose_reduction_never_comes_are_missing_after_the_deadline():
     assert ar.missing_parts() == [2]
 
 
+def test_a_contributor_that_left_is_not_waited_for_and_its_part_is_missing_at_once():
+    members = _keys(3, 5)
+    me, stays, leaves = members[0], members[1], members[2]
+    ar = AllReduce(me, members, torch.zeros(6), reduce=weighted_mean, now=0.0, timeout=5.0)
+    assert ar.received_part(stays, 0, torch.full((2,), 3.0))
+    assert ar.reduced(0) is None
+    assert ar.left(leaves)  # every part but the leaver's is in: reduced now, not at the parts deadline
+    assert ar.reduced(0)[1] == [me, stays] and ar.reduced(0)[0].tolist() == [1.5, 1.5]
+    assert ar.missing_parts() == [2] and not ar.done()  # its slice will not come; the other one still may
+    ar.received_reduced(stays, 1, torch.zeros(2), [me, stays])
+    assert ar.done() and ar.result() is None and ar.missing_parts() == [2]
+    assert not ar.received_reduced(leaves, 2, torch.zeros(2), members)  # decided: stays missing
+    assert not ar.left(leaves)  # said twice: nothing more happens
+
+
+def test_a_reducer_that_heard_a_contributor_leave_reduces_when_the_others_are_in():
+    members = _keys(4, 6)
+    me = members[1]
+    ar = AllReduce(me, members, torch.ones(8), reduce=weighted_mean, now=0.0, timeout=5.0)
+    assert not ar.left(members[3])  # two parts still to come
+    assert ar.received_part(members[0], 1, torch.ones(2))
+    assert ar.reduced(1) is None
+    assert ar.received_part(members[2], 1, torch.ones(2))
+    assert ar.reduced(1)[1] == members[:3]  # reduced with the last part it waited for
+    assert not ar.received_part(members[3], 1, torch.ones(2))  # sent before it left, came after: ignored
+    with pytest.raises(AllReduceError, match="this member"):
+        ar.left(me)
+    with pytest.raises(AllReduceError, match="not a contributor"):
+        ar.left(b"\x00" * 32)
+
+
+def test_members_that_heard_a_leave_at_different_moments_still_hold_the_same_bits():
+    net = Network(4, 50, seed=9)
+    leaver = net.members[3]
+    for m in net.members[:3]:
+        net._maybe_broadcast(m, net.ars[m].left(leaver))
+    net.deaths[leaver] = 0
+    finished = net.run()
+    results = {m: [ar.reduced(i) for i in range(3)] for m, ar in finished.items()}
+    first = next(iter(results.values()))
+    for got in results.values():
+        assert all(_bits(t) == _bits(f[0]) and used == f[1] for (t, used), f in zip(got, first))
+    assert all(ar.missing_parts() == [3] for ar in finished.values())
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda ar, m: ar.received_part(m[1], 1, torch.zeros(2)), "reduces part 0"),
     (lambda ar, m: ar.received_part(b"x" * 32, 0, torch.zeros(2)), "not a contributor"),
