@@ -7,6 +7,7 @@ live partners' parameters; a group answers for what it knows.
 
 from __future__ import annotations
 
+import threading
 from contextlib import AsyncExitStack
 
 import pytest
@@ -185,6 +186,24 @@ async def test_the_outer_step_leaves_the_node_answering_and_the_state_offered_is
             await _train(opt, model, 1, seed=1)
         assert seen["ping"] > 0
         assert seen["pulled"] == (1, True) and opt.group.hash_round == 0
+
+
+async def test_streaming_diloco_takes_each_fragments_delta_off_the_nodes_loop(tmp_path):
+    """A fragment of a large model is still gigabytes: its Δ is taken in a worker thread."""
+    async with AsyncExitStack() as stack:
+        node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
+        model = _model(seed=0)
+        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                        inner_steps=4, fragments=2)
+        threads, delta = [], opt._delta
+
+        def recording(p):
+            threads.append(threading.get_ident())
+            return delta(p)
+
+        opt._delta = recording
+        await _train(opt, model, 8, seed=0)
+        assert len(threads) == 4 and threading.get_ident() not in threads
 
 
 async def test_a_gossip_round_merges_live_partners_parameters(tmp_path):

@@ -185,7 +185,7 @@ class DiLoCo:
                 await self._sync(0)
             return
         for p in due(self.steps, self.H, self.P):
-            self._begin(p)
+            await self._begin(p)
         for p, (apply_at, done, out) in list(self._inflight.items()):
             if self.steps >= apply_at:
                 await done.wait()
@@ -352,15 +352,18 @@ class DiLoCo:
             at += size
         return out
 
-    def _begin(self, p: int) -> None:
-        """Start fragment ``p``'s exchange in the background (Streaming DiLoCo)."""
+    async def _begin(self, p: int) -> None:
+        """Start fragment ``p``'s exchange in the background (Streaming DiLoCo), its Δ taken
+        off the node's loop."""
         out: dict = {}
         done = trio.Event()
-        delta, samples, round_ = self._delta(p), self.samples, self.steps // self.H - (self.steps % self.H == 0)
+        samples, round_ = self.samples, self.steps // self.H - (self.steps % self.H == 0)
+        taken = self._taken  # a state taken from here on is not to be stepped by this exchange
+        delta = await self._in_thread(self._delta, p)
 
         async def run() -> None:
             try:
-                out.update(await self._exchange(round_, p, delta, samples))
+                out.update(await self._exchange(round_, p, delta, samples), taken=taken)
             finally:
                 done.set()
 
