@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated attacks (default: each, then all together)")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(ATTACKS)
+    unknown = [name for name in names if name not in ATTACKS]
+    if unknown:
+        parser.error(f"unknown attack {', '.join(unknown)} (known: {', '.join(ATTACKS)})")
     console = Console(width=200)
     table = Table(title=f"meshd under attack ({wall_clock()} at start)")
     for column in ("attack", "quiet p50 / p99 ms", "attacked p50 / p99 ms", "p99 ratio", "failed",

@@ -253,7 +253,7 @@ class Endpoint:
             if inbox:
                 await trio.lowlevel.checkpoint()
                 self._read_into_inbox(sock)
-                taken = inbox.take(batch)
+                taken = inbox.take_round(batch)
             else:
                 await trio.lowlevel.wait_readable(sock)
                 taken = self._read_socket(sock, batch)
@@ -261,7 +261,7 @@ class Endpoint:
                     for data, addr in taken:
                         self._to_inbox(data, addr)
                     self._read_into_inbox(sock)
-                    taken = inbox.take(batch)
+                    taken = inbox.take_round(batch)
             now = trio.current_time()
             dirty: dict[PeerConnection, None] = {}
             for data, addr in taken:

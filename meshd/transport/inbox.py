@@ -79,6 +79,13 @@ class FairInbox(Generic[K]):
                 queues[key] = queue
         return out
 
+    def take_round(self, most: int) -> list[Datagram]:
+        """One datagram of each queue (a turn round them all), or, while a single queue
+        holds any, up to ``most`` of it: a round with several busy connections then costs
+        a datagram of each, so the next round, and a quiet peer's datagram in it, comes
+        soon; one connection alone still has its datagrams processed in batches."""
+        return self.take(most if len(self._queues) == 1 else min(most, len(self._queues)))
+
     def _drop_from_longest(self) -> None:
         """Drop the newest datagram of the queue that holds the most bytes."""
         key, queue = max(self._queues.items(), key=lambda kv: kv[1].bytes)

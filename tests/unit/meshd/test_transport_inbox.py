@@ -30,6 +30,22 @@ def test_each_take_goes_on_where_the_last_one_stopped():
     assert first + second == [b"a", b"b", b"c", b"a", b"b", b"c"]
 
 
+def test_a_round_is_one_datagram_of_each_busy_connection_or_a_batch_of_a_lone_one():
+    inbox = FairInbox(1 << 20)
+    for key in "ab":
+        for data in datagrams(key, 20):
+            inbox.put(key, data, ADDR)
+    inbox.put("quiet", b"ping", ADDR)
+    assert [data[:1] for data, _ in inbox.take_round(16)] == [b"a", b"b", b"p"]  # not 16 of the backlogs
+    assert len(inbox.take_round(16)) == 2  # the quiet one is served; the two backlogs go on a datagram each
+    for _ in range(18):
+        inbox.take_round(16)
+    assert not inbox
+    for data in datagrams("a", 20):
+        inbox.put("a", data, ADDR)
+    assert [data for data, _ in inbox.take_round(16)] == datagrams("a", 16)  # alone: a whole batch
+
+
 def test_past_its_bound_the_longest_queue_loses_its_newest():
     inbox = FairInbox(max_bytes=100)
     flood = datagrams("a", 12)  # 120 bytes: two past the bound
