@@ -154,6 +154,43 @@ async def test_a_state_taken_during_a_sync_returns_the_training_at_once_and_leav
         assert seen["kept"]
 
 
+async def test_a_state_of_the_round_being_exchanged_is_stepped_with_that_rounds_outcome(tmp_path):
+    """A member whose hash was off takes the majority's state of round r while its own round-r
+    exchange is under way (its parts are with the reducers already): that exchange is not moot,
+    its outcome steps the state taken, and the member goes on to round r + 1.  (Training round
+    r again instead sent every part twice, was refused by every reducer and split the group:
+    learning_robust's honest trimmed_mean runs that took 17-33 resyncs.)"""
+    from learn.outer import OuterSGD
+
+    async with AsyncExitStack() as stack:
+        node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
+        model = _model(seed=0)
+        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                        inner_steps=2)
+        await _train(opt, model, 2, seed=0)  # round 0
+        assert (opt.group.round, opt.steps) == (1, 2)
+        theta = {n: torch.full_like(t, 3.0) for n, t in opt.theta.items()}
+        momentum = {n: torch.full_like(t, 0.5) for n, t in opt.theta.items()}
+        taken = {**{f"theta/{n}": t.clone() for n, t in theta.items()},
+                 **{f"momentum/{n}": t.clone() for n, t in momentum.items()}}
+
+        async def exchange(round_, p, delta, samples):
+            before = opt._taken
+            opt._apply(b"\x01" * 32, round_, dict(taken), path="pull", seconds=0.0)  # the same round
+            delta.fill_(0.25)  # the group's average, landed in the exchange's vector
+            return {"round": round_, "avg": delta, "taken": before}
+
+        opt._exchange = exchange
+        with trio.fail_after(10):
+            await _train(opt, model, 2, seed=1)  # round 1's sync
+        expected = OuterSGD()
+        expected.momentum = {n: t.clone() for n, t in momentum.items()}
+        expected.step(theta, {n: torch.full_like(t, 0.25) for n, t in theta.items()})
+        assert all(torch.equal(opt.theta[n], theta[n]) for n in theta)
+        assert all(torch.equal(p.detach(), theta[n]) for n, p in model.named_parameters())
+        assert (opt.group.hash_round, opt.group.round, opt.steps, opt.resyncs) == (1, 2, 4, 1)
+
+
 async def test_the_outer_step_leaves_the_node_answering_and_the_state_offered_is_the_stepped_one(tmp_path):
     """A large model's outer step and hash take seconds: they run off the node's loop, so
     a peer's ping is answered meanwhile, and a pull of the state begun meanwhile waits

@@ -159,6 +159,7 @@ class DiLoCo:
         self._buffers: dict[int, torch.Tensor] = {}  # fragment -> its Δ vector, reused (the average lands in it)
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
         self._syncing: trio.Event | None = None  # a blocking sync waits on it (set: it returns)
+        self._sync_round: int | None = None  # the round of that sync
         self._writing: trio.Event | None = None  # set once a worker thread writing Δ or θ is done
         self._started = False
         self._offer_state()  # a member that joins before our first step can take it already
@@ -291,7 +292,13 @@ class DiLoCo:
     def _apply(self, peer: bytes, round_: int, tensors: dict, digest: bytes | None = None, *, path: str,
                seconds: float) -> None:
         """Make ``tensors`` (theta/NAME, momentum/NAME) of ``round_`` this member's state;
-        ``digest`` is their :func:`state_hash` if known (else it is computed here)."""
+        ``digest`` is their :func:`state_hash` if known (else it is computed here).
+
+        Taken while this member's own exchange of ``round_`` is under way (a hash check
+        found its state off just as it reached the sync), the exchange is not moot: its
+        parts are with the reducers, and its outcome is the step the state taken needs,
+        so the sync goes on and lands it there.  A later round's state makes the sync
+        under way moot: it returns at once and the training goes on from that state."""
         group = self.group
         theta, momentum = _split(tensors)
         if set(theta) != set(self.theta):
@@ -315,14 +322,16 @@ class DiLoCo:
         self._buffers.clear()  # exchanges under way keep theirs: the next ones start afresh
         self._residual.clear()  # (what the codec lost was of the state left behind)
         self.version += 1
-        self._taken += 1
-        group.round = group.joined = round_  # off that round's roster, it follows the round
         group.wake.set()  # say so now, not at the next heartbeat
-        self.steps = round_ * self.H
         group.publish_hash(round_ - 1, digest or state_hash(self.theta, self.outer.momentum))
         self._offer_state()
         log.info("group %s: took round %d's state from %s (%s, %.3f s)", group.name, round_, PeerId(peer).short(),
                  path, seconds)
+        if self._syncing is not None and round_ == self._sync_round:  # its outcome steps this state
+            return
+        self._taken += 1
+        group.round = group.joined = round_  # off that round's roster, it follows the round
+        self.steps = round_ * self.H
         if self._syncing is not None:  # the sync under way is moot here: the training goes on from this state
             self._syncing.set()
 
@@ -380,6 +389,7 @@ class DiLoCo:
         round_ = self.steps // self.H - 1
         taken = self._taken
         ended = self._syncing = trio.Event()
+        self._sync_round = round_
         result: dict = {}
         exchange = trio.CancelScope()
 
@@ -413,7 +423,7 @@ class DiLoCo:
             self._buffers.pop(p, None)
             raise
         finally:
-            self._syncing = None
+            self._syncing = self._sync_round = None
         if self._taken != taken:  # the parameters hold the state taken already
             return
         if "error" in result:
