@@ -802,7 +802,8 @@ class Group:
             with exchange.call_to(reducer.key), trio.fail_after(timeout):
                 await _lane_or_quic(send, self._bulk.enabled)
         except (RpcError, trio.TooSlowError, OSError) as exc:
-            log.info("group %s: slice %d to %s failed: %s", self.name, index, reducer.short(), exc)
+            log.info("group %s: round %d's slice %d to %s failed: %r", self.name, exchange.key[0], index,
+                     reducer.short(), exc)
         finally:
             gone.set()
 
@@ -834,7 +835,8 @@ class Group:
                 core.received_reduced(reducer.key, index, _decode_into(decode, named[0][1], place),
                                       subset_of(core.members, used))
         except (RpcError, trio.TooSlowError, OSError, ValueError) as exc:  # ValueError: CodecError, AllReduceError
-            log.info("group %s: no reduced slice %d from %s: %s", self.name, index, reducer.short(), exc)
+            log.info("group %s: no reduced slice %d of round %d from %s: %r", self.name, index, round_,
+                     reducer.short(), exc)
 
     def _current_key(self, arg: object) -> tuple[int, int]:
         """The exchange ``arg`` names, [round, fragment]: of the round before this
