@@ -52,6 +52,33 @@ async def test_a_member_whose_node_closes_is_dropped_at_once_and_the_next_rounds
         assert len({m.trainer.hashes[5] for m in stay}) == 1
 
 
+async def test_a_member_whose_training_is_cancelled_still_says_goodbye(tmp_path):
+    """Cancelling the block that holds the node (Ctrl-C in a script, a supervisor's scope)
+    stops the training at once, yet the node runs on until its goodbyes are said."""
+    config = fast_config(heartbeat_interval=2.0)  # silent members look live for 6 s
+    progress = Progress()
+    async with trio.open_nursery() as nursery:
+        staying = await nursery.start(functools.partial(run_member, count=2), tmp_path / "n0", None, config,
+                                      progress, 0)
+        leaving = await nursery.start(functools.partial(run_member, count=2), tmp_path / "n1",
+                                      staying.node.address, config, progress, 1)
+        await progress.until(lambda: all(m.trainer.last_round() >= 1 for m in (staying, leaving)), timeout=60)
+        farewell, took = leaving.node.farewell, []
+
+        async def timed() -> None:  # the goodbye's answer comes back: the node still runs
+            started = trio.current_time()
+            await farewell()
+            took.append(trio.current_time() - started)
+
+        leaving.node.farewell = timed
+        leaving.scope.cancel()
+        with trio.fail_after(3):
+            await leaving.stopped.wait()
+        assert leaving.node.peer_id.key not in staying.trainer.group.view.members
+        assert took and took[0] < 1.0, took  # not cut off at a heartbeat (2 s) waiting for an answer
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_member_that_leaves_the_group_is_dropped_by_the_others_and_may_come_back(tmp_path):
     """``Learning.leave`` (what a daemon does when its training script's session ends) tells
     the members at once; the same node joining again is a member again."""

@@ -220,7 +220,9 @@ class Group:
     async def farewell(self) -> None:
         """Tell every member this one knows that it leaves (``learning.bye``), all at
         once, each within a heartbeat: they stop counting it at once instead of after
-        its silence, and an exchange of this round or later stops waiting for it."""
+        its silence, and an exchange of this round or later stops waiting for it.
+        Those it greets are told too, quiet or not yet heard: one may hold this
+        member's hello while its answer is still on the way."""
         arg = {"group": self.name, "round": self.round}
 
         async def bye(peer: bytes) -> None:
@@ -231,7 +233,7 @@ class Group:
                     log.debug("group %s: no goodbye to %s: %s", self.name, PeerId(peer).short(), exc)
 
         async with trio.open_nursery() as nursery:
-            for peer in self.view.live(trio.current_time()):
+            for peer in self.to_greet():
                 nursery.start_soon(bye, peer)
 
     def serve_bye(self, peer: PeerId, arg: object) -> None:
