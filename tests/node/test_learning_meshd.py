@@ -18,6 +18,8 @@ import trio.testing
 import meshd
 from meshnodes import open_nodes
 import meshd.learning as ml
+from learn.outer import state_hash
+from meshd.services.learning.diloco import _split
 from meshd import Config
 from meshd.services.learning import LearningSection
 
@@ -33,6 +35,11 @@ def _config(tmp_path) -> Config:
 def _model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+
+def _hash(state: dict) -> bytes:
+    """The state hash of a whole state named theta/NAME and momentum/NAME, as a resync computes it."""
+    return state_hash(*_split(state))
 
 
 async def _train(opt, model, steps: int, seed: int) -> None:
@@ -136,7 +143,7 @@ async def test_a_state_taken_during_a_sync_returns_the_training_at_once_and_leav
 
         async def exchange(round_, p, delta, samples):
             before = delta.clone()
-            opt._apply(b"\x01" * 32, 5, dict(taken), path="pull", seconds=0.0)  # as a resync would, meanwhile
+            opt._apply(b"\x01" * 32, 5, dict(taken), _hash(taken), path="pull", seconds=0.0)  # as a resync would
             await release.wait()
             seen["kept"] = torch.equal(delta, before)
             return {"round": round_, "avg": delta, "taken": opt._taken - 1}
@@ -176,7 +183,7 @@ async def test_a_state_of_the_round_being_exchanged_is_stepped_with_that_rounds_
 
         async def exchange(round_, p, delta, samples):
             before = opt._taken
-            opt._apply(b"\x01" * 32, round_, dict(taken), path="pull", seconds=0.0)  # the same round
+            opt._apply(b"\x01" * 32, round_, dict(taken), _hash(taken), path="pull", seconds=0.0)  # the same round
             delta.fill_(0.25)  # the group's average, landed in the exchange's vector
             return {"round": round_, "avg": delta, "taken": before}
 

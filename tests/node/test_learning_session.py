@@ -22,7 +22,9 @@ import meshd.learning as ml
 from learning_members import fast_config, tiny_model
 from meshd.client import training
 from meshd.rpc import InvalidArgument
+from learn.outer import state_hash
 from meshd.services.learning import shadows
+from meshd.services.learning.diloco import _split
 
 H = 2
 MEMORY = pytest.mark.parametrize("shared", [True, False], ids=["shared", "socket"])
@@ -69,7 +71,8 @@ async def test_a_state_taken_between_two_syncs_replaces_the_scripts_stale_steps(
             taken = {**{f"theta/{n}": t + 1 for n, t in member.theta.items()},
                      **{f"momentum/{n}": torch.zeros_like(t) for n, t in member.theta.items()}}
             theta = {n: taken[f"theta/{n}"].clone() for n in member.theta}  # _apply adopts the tensors themselves
-            member._apply(node.peer_id.key, 5, taken, path="pull", seconds=0.0)  # as a resync does
+            member._apply(node.peer_id.key, 5, taken, state_hash(*_split(taken)), path="pull",
+                          seconds=0.0)  # as a resync does
             await _steps(opt, model, H, gen)  # trained from the old θ: dropped
             assert opt.resyncs == 1 and opt.steps == 5 * H and opt.round == 5 and len(opt.reports) == 1
             for name, param in model.named_parameters():

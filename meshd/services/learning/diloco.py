@@ -289,10 +289,9 @@ class DiLoCo:
         tensors = {name: decode(enc) for name, enc in named}
         return contribution.round, tensors, await trio.to_thread.run_sync(state_hash, *_split(tensors))
 
-    def _apply(self, peer: bytes, round_: int, tensors: dict, digest: bytes | None = None, *, path: str,
-               seconds: float) -> None:
+    def _apply(self, peer: bytes, round_: int, tensors: dict, digest: bytes, *, path: str, seconds: float) -> None:
         """Make ``tensors`` (theta/NAME, momentum/NAME) of ``round_`` this member's state;
-        ``digest`` is their :func:`state_hash` if known (else it is computed here).
+        ``digest`` is their :func:`state_hash` (computed off the loop by the caller).
 
         Taken while this member's own exchange of ``round_`` is under way (a hash check
         found its state off just as it reached the sync), the exchange is not moot: its
@@ -323,7 +322,7 @@ class DiLoCo:
         self._residual.clear()  # (what the codec lost was of the state left behind)
         self.version += 1
         group.wake.set()  # say so now, not at the next heartbeat
-        group.publish_hash(round_ - 1, digest or state_hash(self.theta, self.outer.momentum))
+        group.publish_hash(round_ - 1, digest)
         self._offer_state()
         log.info("group %s: took round %d's state from %s (%s, %.3f s)", group.name, round_, PeerId(peer).short(),
                  path, seconds)
@@ -396,7 +395,7 @@ class DiLoCo:
         async def run(delta: torch.Tensor, samples: int) -> None:
             try:
                 with exchange:
-                    result["out"] = await self._exchange(round_, p, delta, samples)
+                    result["out"] = {**await self._exchange(round_, p, delta, samples), "taken": taken}
             except Exception as exc:  # noqa: BLE001  (raised by the sync if it still waits, else logged)
                 result["error"] = exc
                 if self._taken != taken:
@@ -459,7 +458,6 @@ class DiLoCo:
 
     async def _exchange(self, round_: int, p: int, delta: torch.Tensor, samples: int) -> dict:
         group = self.group
-        taken = self._taken
         started, before = time.perf_counter(), sum(group.bytes_out.values())
         lossy = self.compression != "none"
         residual = self._residual.get(p)  # error feedback: what the codec lost of the last exchange
@@ -479,7 +477,7 @@ class DiLoCo:
         self.membership.report(role="contributor" if group.me in used else "follower")
         self.reports.append(SyncReport(round_, p, len(used), gap, sum(group.bytes_out.values()) - before,
                                        time.perf_counter() - started))
-        return {"round": round_, "avg": avg, "taken": taken}
+        return {"round": round_, "avg": avg}
 
     async def _land(self, p: int, out: dict, *, streaming: bool) -> None:
         """Apply the outer step for fragment ``p``, unless a state taken meanwhile replaced θ.

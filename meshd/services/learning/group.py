@@ -246,7 +246,7 @@ class Group:
             raise InvalidArgument("round is >= 0")
         self.view.drop(peer.key)
         self._heard_of.discard(peer.key)
-        self._left.pop(peer.key, None)
+        self._left.pop(peer.key, None)  # to the end: the oldest goodbyes are forgotten first
         self._left[peer.key] = round_
         while len(self._left) > self._config.max_members:
             del self._left[next(iter(self._left))]
