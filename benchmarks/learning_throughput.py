@@ -22,8 +22,8 @@ One table, all on 127.0.0.1 (MB = 1e6 bytes, MiB = 2**20); about 3 min at 256 Mi
    pipes); per sync we take the slowest member's all-reduce time (``SyncReport.seconds``) and its
    whole ``step()``, the bytes each member sent and received in tensor payload
    (``Group.bytes_in/out``), and each member's peak RSS (``VmHWM``, reset before the sync through
-   ``/proc/self/clear_refs``) against its RSS once the node was up and the model built, and just
-   before the sync.  One row per codec in ``--codecs``.  The parent checks there is memory for the
+   ``/proc/self/clear_refs``) against its RSS once the node was up and the model and its inner
+   optimizer built (what the training script holds without meshd), and just before the sync.  One row per codec in ``--codecs``.  The parent checks there is memory for the
    members before it starts them and kills them if the machine runs short (``--mem-floor``).
    ``--wrap-member0`` runs member 0 under a profiler (memray, py-spy).
 3. hivemind: ``benchmarks/hivemind_averager.py`` under ``/tmp/hm-venv`` (``../shared/anchors/setup``)
@@ -141,9 +141,9 @@ async def member(args) -> None:
         say(ready=str(node.address))
         rss_start = status_mib("VmRSS")
         model = build_model(args.mib, args.tensor_mib, seed=0)  # one shared init
-        rss_model = status_mib("VmRSS")  # the baseline: node up, model built
-        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.1), group=GROUP,
-                        inner_steps=1, compression=args.codec)
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)  # (its first use maps ~70 MiB of torch.optim's code)
+        rss_model = status_mib("VmRSS")  # the baseline: node up, the training script's model and optimizer built
+        opt = ml.DiLoCo(node, model, inner_opt=inner, group=GROUP, inner_steps=1, compression=args.codec)
         group = opt.group
         rss_diloco = status_mib("VmRSS")
         with trio.fail_after(120):
@@ -518,8 +518,9 @@ def print_table(rows: list[dict], title: str, args) -> None:
           "result, after matchmaking).  step s: meshd's whole DiLoCo.step (all-reduce, outer Nesterov step, hash, state\n"
           "offer); hivemind's step() from the call (matchmaking included).  MB/s per member: bytes the member sent +\n"
           "received / sync s.  peak MiB over model: peak RSS (meshd VmHWM; hivemind PSS summed over the member's\n"
-          "processes, sampled) minus RSS once the model was built (x model: that over the model's size); sync's own\n"
-          "MiB: peak minus RSS just before the sync.  The machine may be shared: compare rows of one run only.")
+          "processes, sampled) minus RSS once the model (meshd: and its inner optimizer) was built (x model: that over\n"
+          "the model's size); sync's own MiB: peak minus RSS just before the sync.  The machine may be shared: compare\n"
+          "rows of one run only.")
 
 
 def tree() -> dict:

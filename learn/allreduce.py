@@ -38,6 +38,8 @@ from typing import Callable
 
 import torch
 
+from .robust import bounded
+
 Reduce = Callable[[list[torch.Tensor], list[float]], torch.Tensor]
 
 
@@ -192,7 +194,11 @@ class AllReduce:
     def missing_parts(self) -> list[int]:
         """The parts that had not come by the deadline, and those whose reducer left (sorted)."""
         gone = {i for i, m in enumerate(self.members) if m in self._left and i not in self._reduced}
-        return sorted(gone.union(self._missing or ()))
+        return sorted(gone.union(self._missing or (), self._lost()))
+
+    def _lost(self) -> set[int]:
+        """Parts known now never to be reduced, beyond those whose reducer left."""
+        return set()
 
     def done(self) -> bool:
         """Every part is in or will not come, or the deadline has passed."""
@@ -239,3 +245,193 @@ def _weight(weight: float) -> float:
 
 def _short(key: bytes) -> str:
     return key[:8].hex() if isinstance(key, bytes) else repr(key)
+
+
+class StreamingAllReduce(AllReduce):
+    """An :class:`AllReduce` whose reducer takes the sample-weighted mean of its part
+    as the parts stream in, into ``into`` (a float32 vector of the vector's size; it
+    may be the vector itself), instead of holding every part whole: a reducer of a
+    large model then needs no memory for the parts it is sent.
+
+    A contributor's part is *announced* with its weight (:meth:`announce`, as its
+    signed head comes), streamed in with :meth:`add` and closed with
+    :meth:`part_done` once its digest is checked.  The weights are settled (bounded
+    by their median, as the mean rule does, and normalized) once every contributor
+    that has not left has announced, or at the parts deadline over those that
+    have; from then on announced parts are added as they come and later ones are
+    refused.  The reduced part is ready when every part settled on is done.  A
+    settled part that fails after some of it was added (:meth:`fail`, a bad chunk,
+    not done by the deadline) cannot be taken back out of the sum: this member's
+    part is then missing for everyone, who agree on that as they do on a reducer
+    that died.  Which bits come out depends on the order chunks arrive in; every
+    member still holds the same ones, as only the reducer adds.
+    """
+
+    def __init__(self, me: bytes, members: list[bytes], vector: torch.Tensor, *, into: torch.Tensor,
+                 weight: float = 1.0, now: float, timeout: float):
+        if not isinstance(into, torch.Tensor) or into.dtype != torch.float32 or into.shape != vector.shape:
+            raise ValueError("a streamed reduction lands in a float32 vector of the vector's shape")
+        self._into = into
+        self._weights: dict[bytes, float] = {}  # announced contributors -> weight
+        self._scale: dict[bytes, float] | None = None  # settled: contributor -> its share of the mean
+        self._have: dict[bytes, int] = {}  # values added so far, per contributor settled on
+        self._done: set[bytes] = set()  # contributors settled on whose part is all in and checked
+        self._whole: dict[bytes, torch.Tensor] = {}  # parts that came whole before the weights settled
+        self._failed = False
+        super().__init__(me, members, vector, reduce=_unused, weight=weight, now=now, timeout=timeout)
+        self._own_weight()
+
+    @property
+    def settled(self) -> bool:
+        """The weights are fixed: announced parts are added as they come, no more are taken."""
+        return self._scale is not None
+
+    def announce(self, peer: bytes, index: int, weight: float = 1.0) -> bool:
+        """Contributor ``peer``'s part ``index`` of ``weight`` is coming; False if it
+        comes too late to be counted (the weights are settled without it).  Once
+        settled, a part settled on of which nothing was added may come again (sent
+        another way after a first way failed).  AllReduceError as
+        :meth:`received_part` says."""
+        self._check_sender(peer, index)
+        if self._failed or self.index in self._reduced:
+            return False
+        if self.settled:
+            return peer in self._scale and peer not in self._done and self._have[peer] == 0
+        if peer in self._weights:
+            raise AllReduceError(f"a part from {_short(peer)} came twice")
+        self._weights[peer] = _weight(weight)
+        self._reduce_if_all_in()
+        return True
+
+    def received_part(self, peer: bytes, index: int, tensor: torch.Tensor, weight: float = 1.0) -> bool:
+        """A part that came whole: announced, and added now or once the weights settle."""
+        if not self.announce(peer, index, weight):
+            return False
+        tensor = self._check(index, tensor)
+        if self.settled:
+            self._add_whole(peer, tensor)
+        else:
+            self._whole[peer] = tensor
+        return True
+
+    def add(self, peer: bytes, at: int, values: torch.Tensor) -> None:
+        """Add the next ``values`` of ``peer``'s part, which start at its value ``at``.
+        AllReduceError (and this member's part is lost) for values out of order,
+        past the part's end, not float32 or not finite."""
+        if not self.settled or peer not in self._scale or peer in self._done or self._failed:
+            raise AllReduceError(f"{_short(peer)}'s part is not being taken")
+        lo, hi = self.ranges[self.index]
+        have = self._have[peer]
+        bad = ("out of order" if at != have else "not a float32 vector"
+               if not isinstance(values, torch.Tensor) or values.dtype != torch.float32 or values.dim() != 1
+               else "past the part's end" if have + values.numel() > hi - lo
+               else "not finite" if not bool(torch.isfinite(values.sum())) else None)
+        if bad is not None:
+            self._failed = True
+            raise AllReduceError(f"values {at}+ of {_short(peer)}'s part are {bad}")
+        self._into[lo + have:lo + have + values.numel()].add_(values, alpha=self._scale[peer])
+        self._have[peer] = have + values.numel()
+
+    def part_done(self, peer: bytes) -> None:
+        """``peer``'s part is all in and checked; AllReduceError (and this member's
+        part is lost) if it is not whole."""
+        if self._failed or peer not in (self._scale or ()) or peer in self._done:
+            raise AllReduceError(f"{_short(peer)}'s part is not being taken")
+        if self._have[peer] != self._size():
+            self._failed = True
+            raise AllReduceError(f"{_short(peer)}'s part ended early")
+        self._done.add(peer)
+        self._reduce_if_all_in()
+
+    def fail(self, peer: bytes) -> None:
+        """``peer``'s part did not come whole, or not as signed: once some of it was
+        added it cannot be taken back out, so this member's part is lost.  One
+        that was not settled on yet is forgotten (it may come again)."""
+        if not self.settled:
+            self._weights.pop(peer, None)
+            self._whole.pop(peer, None)
+        elif peer in self._scale and peer not in self._done and self._have[peer]:
+            self._failed = True
+
+    def expire(self, now: float) -> bool:
+        """As :meth:`AllReduce.expire`; past the deadline a part settled on that is not
+        done makes this member's part missing."""
+        before = self.index in self._reduced
+        if self.index is not None and not self._failed:
+            if now >= self.parts_deadline and not self.settled:
+                self._settle()
+            if now >= self.deadline and self.index not in self._reduced:
+                self._failed = True
+        super().expire(now)
+        return self.index is not None and not before and self.index in self._reduced
+
+    def contributors_missing(self) -> list[bytes]:
+        have = self._reduced[self.index][1] if self.index in self._reduced else self._weights
+        return [m for m in self.members if m not in have]
+
+    def _lost(self) -> set[int]:
+        return {self.index} if self._failed else set()
+
+    def _size(self) -> int:
+        lo, hi = self.ranges[self.index]
+        return hi - lo
+
+    def _own_weight(self) -> None:
+        if self.me in self._parts:  # the base class keeps this member's part there
+            self._weights[self.me] = self._parts.pop(self.me)[1]
+
+    def _check_sender(self, peer: bytes, index: int) -> None:
+        if self.index is None:
+            raise AllReduceError("this member follows the round and reduces no part")
+        if index != self.index:
+            raise AllReduceError(f"this member reduces part {self.index}, not part {index}")
+        if peer not in self._member_set:
+            raise AllReduceError(f"{_short(peer)} is not a contributor")
+
+    def _reduce_if_all_in(self) -> None:
+        if self.index is None or self.index in self._reduced or self._failed:
+            return
+        if not self.settled:
+            if all(m in self._weights or m in self._left for m in self.members):
+                self._settle()
+            return
+        if self._done >= self._scale.keys():
+            lo, hi = self.ranges[self.index]
+            value = self._into[lo:hi]
+            if not bool(torch.isfinite(value.sum())):  # finite parts can still add up past float32
+                self._failed = True
+                return
+            self._reduced[self.index] = (value, [m for m in self.members if m in self._scale])
+
+    def _reduce_mine(self) -> None:  # the base class's call: for a member alone, and at the parts deadline
+        self._own_weight()
+        if not self.settled:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Fix the weights over the contributors announced, start the sum with this
+        member's own part, and add the parts that came whole."""
+        used = [m for m in self.members if m in self._weights]
+        shares = bounded([self._weights[m] for m in used])
+        total = float(sum(shares))
+        self._scale = {m: share / total for m, share in zip(used, shares)}
+        self._have = dict.fromkeys(used, 0)
+        lo, hi = self.ranges[self.index]
+        torch.mul(self._vector[lo:hi], self._scale[self.me], out=self._into[lo:hi])
+        self._have[self.me] = hi - lo
+        self._done.add(self.me)
+        whole, self._whole = self._whole, {}
+        for peer, tensor in whole.items():
+            self._add_whole(peer, tensor)
+        self._reduce_if_all_in()
+
+    def _add_whole(self, peer: bytes, tensor: torch.Tensor) -> None:
+        lo, hi = self.ranges[self.index]
+        self._into[lo:hi].add_(tensor, alpha=self._scale[peer])
+        self._have[peer] = hi - lo
+        self._done.add(peer)
+        self._reduce_if_all_in()
+
+
+def _unused(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    raise AssertionError("a streamed reduction adds the parts as they come")

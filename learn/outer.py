@@ -20,33 +20,39 @@ from .tensors import dtype_name, tensor_view
 class OuterSGD:
     """θ ← θ − lr·(Δ + μ·b) with b ← μ·b + Δ (Nesterov), per named tensor."""
 
+    SPAN = 1 << 18  # values stepped per pass: the scratch holds one span (1 MiB), whatever the model
+
     def __init__(self, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True):
         self.lr, self.mu, self.nesterov = lr, momentum, nesterov
         self.momentum: dict[str, torch.Tensor] = {}
-        self._scratch = torch.empty(0)  # the step, one tensor at a time (the largest's size, kept)
+        self._scratch = torch.empty(self.SPAN)  # the step of one span
 
     def step(self, theta: dict[str, torch.Tensor], delta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Move the entries of ``theta`` named in ``delta`` (both float32) one step,
-        in place, as the momentum buffers are (no copy of the state: a large
-        model's outer step allocates one tensor at a time); returns ``theta``."""
+        """Move the entries of ``theta`` named in ``delta`` (both float32, contiguous)
+        one step, in place, as the momentum buffers are (no copy of the state: a large
+        model's outer step allocates nothing but a first round's momentum); returns ``theta``.
+        Each span of values is taken through the whole step while it is in cache."""
         for name in sorted(delta):
             d = delta[name]
             if theta[name].dtype != torch.float32 or d.dtype != torch.float32:
                 raise ValueError(f"{name}: the outer step is float32")
-            buf = self.momentum.get(name)
-            if buf is None:
-                buf = self.momentum[name] = d.clone()
-            else:
-                buf.mul_(self.mu).add_(d)  # b ← μ·b + Δ
-            if self._scratch.numel() < d.numel():
-                self._scratch = torch.empty(d.numel())
-            step = self._scratch[:d.numel()].view(d.shape)
-            if self.nesterov:
-                torch.mul(buf, self.mu, out=step).add_(d)  # Δ + μ·b
-                step.mul_(self.lr)
-            else:
-                torch.mul(buf, self.lr, out=step)
-            theta[name].sub_(step)
+            fresh = name not in self.momentum
+            if fresh:
+                self.momentum[name] = torch.empty_like(d)
+            flat_d, flat_b, flat_t = d.reshape(-1), self.momentum[name].view(-1), theta[name].view(-1)
+            for at in range(0, flat_d.numel(), self.SPAN):
+                end = min(at + self.SPAN, flat_d.numel())
+                g, b, step = flat_d[at:end], flat_b[at:end], self._scratch[:end - at]
+                if fresh:
+                    b.copy_(g)
+                else:
+                    b.mul_(self.mu).add_(g)  # b ← μ·b + Δ
+                if self.nesterov:
+                    torch.mul(b, self.mu, out=step).add_(g)  # Δ + μ·b
+                    step.mul_(self.lr)
+                else:
+                    torch.mul(b, self.lr, out=step)
+                flat_t[at:end].sub_(step)
         return theta
 
 

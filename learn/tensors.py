@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import warnings
 
 import torch
 
@@ -86,6 +87,17 @@ def tensor_from_bytes(data: bytes | bytearray | memoryview, dtype: str, shape: t
     if torch_dtype is torch.bool and bool((raw > 1).any()):
         raise ValueError("a bool is one byte, 0 or 1")
     return raw.view(torch_dtype).reshape(shape)
+
+
+def float32_values(chunk: memoryview) -> torch.Tensor:
+    """The float32 values in ``chunk`` (a whole number of them), sharing its memory,
+    read-only buffers too: the tensor is for reading (torch warns at every such view,
+    so the warning is silenced here).  ValueError if the bytes are not whole values."""
+    if chunk.nbytes % 4:
+        raise ValueError(f"{chunk.nbytes} bytes are not whole float32 values")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(chunk, dtype=torch.float32)
 
 
 def fixed_sum(x: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol
 
 import blake3
 import msgpack
@@ -113,16 +113,25 @@ def chunk_ids(ticket: bytes, count: int) -> list[bytes]:
     return [blake3.blake3(ticket + j.to_bytes(8, "little")).digest() for j in range(count)]
 
 
-Into = Callable[[str, str, int], "memoryview | None"]
+class Sink(Protocol):
+    """Takes a tensor's payload chunk by chunk, in order (``at``: the chunk's first byte)."""
+
+    def write(self, at: int, chunk: memoryview) -> None: ...
+
+
+Into = Callable[[str, str, int], "memoryview | Sink | None"]
 
 
 class Decoder:
-    """Rebuilds (name, Encoded) pairs from frames, checking each against the limits.
+    """Rebuilds (name, Encoded) pairs from frames, checking each against the limits,
+    and digests them as they come (:meth:`digest`).
 
     ``into(name, codec, nbytes)``, if given, may return a writable buffer of
     exactly ``nbytes`` for a tensor's payload (a receiver's own, reused
     memory); the chunks are copied into it as they come and it becomes the
-    payload.  Otherwise (or if it returns None) the chunks are joined at the end.
+    payload.  It may instead return a :class:`Sink`: each chunk is handed to it
+    as it comes and kept nowhere, and the sink stands for the payload.
+    Otherwise (or if it returns None) the chunks are joined at the end.
     A decoder that raised has refused its stream; it is not fed again.
     """
 
@@ -134,7 +143,10 @@ class Decoder:
         self._head: dict | None = None
         self._parts: list[bytes] = []
         self._buffer: memoryview | None = None  # the payload's own buffer, from ``into``
+        self._sink: Sink | None = None  # ... or where its chunks go, from ``into``
         self._have = 0
+        self._hasher: blake3.blake3 | None = blake3.blake3()  # None once tensors came out of name order
+        self._last: str | None = None
 
     def feed(self, frame: object) -> list[tuple[str, Encoded]]:
         """Take one frame; returns the tensors it completed (none or one).
@@ -162,7 +174,11 @@ class Decoder:
         self._have += n
         if self._have > self._head["bytes"]:
             raise WireError(f"tensor {self._head['t']!r} has more bytes than announced")
-        if self._buffer is not None:
+        if self._hasher is not None:
+            self._hasher.update(chunk)
+        if self._sink is not None:
+            self._sink.write(at, memoryview(chunk).cast("B"))
+        elif self._buffer is not None:
             self._buffer[at:at + n] = memoryview(chunk).cast("B")
         else:  # a chunk may be a view of a buffer its source reuses: keep a copy
             self._parts.append(chunk if isinstance(chunk, bytes) else bytes(chunk))
@@ -199,23 +215,44 @@ class Decoder:
         self._names.add(name)
         self._head = {"t": name, "codec": codec, "dtype": dtype, "shape": tuple(shape), "block": block,
                       "bytes": size}
+        if self._hasher is not None and (self._last is None or name > self._last):
+            header = msgpack.packb([name, codec, dtype, list(shape), block, size])
+            self._hasher.update(len(header).to_bytes(4, "little") + header)
+        else:  # digest_of hashes in name order: :meth:`digest` does it over the payloads
+            self._hasher = None
+        self._last = name
         buffer = self._into(name, codec, size) if self._into is not None and size else None
-        if buffer is not None and (buffer.readonly or buffer.nbytes != size):
+        if hasattr(buffer, "write"):
+            self._sink = buffer
+        elif buffer is not None and (buffer.readonly or buffer.nbytes != size):
             raise ValueError(f"into() gave {name!r} a buffer that is not {size} writable bytes")
-        self._buffer = buffer
+        else:
+            self._buffer = buffer
 
     def _complete(self) -> list[tuple[str, Encoded]]:
         head = self._head
         if head is None or self._have < head["bytes"]:
             return []
-        payload = self._buffer if self._buffer is not None else bytearray().join(self._parts)  # decoding may share it
-        self._head, self._parts, self._buffer, self._have = None, [], None, 0
+        payload = (self._sink if self._sink is not None else self._buffer if self._buffer is not None
+                   else bytearray().join(self._parts))  # decoding may share it
+        self._head, self._parts, self._buffer, self._sink, self._have = None, [], None, None, 0
         return [(head["t"], Encoded(head["codec"], head["dtype"], head["shape"], head["block"], payload))]
 
     def finish(self) -> None:
         """Raise WireError if the stream ended inside a tensor."""
         if self._head is not None:
             raise WireError(f"tensor {self._head['t']!r} ended early")
+
+    def digest(self, named: list[tuple[str, Encoded]]) -> bytes:
+        """:func:`digest_of` the tensors this decoder completed (``named``, as it returned
+        them): from the bytes as they came, while they were in cache, if the tensors
+        came in name order, else over their payloads (which a :class:`Sink` does
+        not keep: WireError then)."""
+        if self._hasher is not None:
+            return self._hasher.digest()
+        if any(hasattr(enc.payload, "write") for _, enc in named):
+            raise WireError("tensors streamed into a sink come in name order")
+        return digest_of(named)
 
 
 def roster_digest(members: list[bytes]) -> bytes:

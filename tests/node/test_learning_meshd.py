@@ -19,6 +19,7 @@ import meshd
 from meshnodes import open_nodes
 import meshd.learning as ml
 from learn.outer import state_hash
+from meshd.services.learning import group as group_module
 from meshd.services.learning.diloco import _split
 from meshd import Config
 from meshd.services.learning import LearningSection
@@ -93,6 +94,39 @@ async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path
         moved, received = sum(b.fetched for b in bulk), sum(sum(opt.group.bytes_in.values()) for opt in opts)
         assert moved == sum(b.lent for b in bulk)
         assert moved == received if lanes == "all" else moved < received  # the rest came over QUIC
+
+
+@pytest.mark.parametrize("lane", [True, False])
+async def test_a_reducer_adds_the_parts_it_is_sent_as_they_stream_in_and_holds_none_whole(tmp_path, monkeypatch, lane):
+    """With the mean rule each reducer adds the parts of its slice chunk by chunk as they come
+    (over the bulk lane, or over QUIC): no part of more than a chunk is ever held whole, and
+    every member ends each round with the same state."""
+    held = []
+    fresh = group_module._fresh
+    monkeypatch.setattr(group_module, "_fresh", lambda name, codec, n: held.append(name) or fresh(name, codec, n))
+    config = _config(tmp_path)
+    config.learning.lane = lane
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 3, config)
+        models = [torch.nn.Linear(1024, 1024) for _ in nodes]  # 4 MiB: each part is over a chunk (1 MiB)
+        opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                          inner_steps=2) for node, model in zip(nodes, models)]
+        await _everyone_knows_everyone(nodes)
+        async with trio.open_nursery() as nursery:
+            for opt, model in zip(opts, models):
+                nursery.start_soon(_train_wide, opt, model, 6)
+    assert {opt.group.hash for opt in opts} != {None} and len({opt.group.hash for opt in opts}) == 1
+    assert all(r.contributors == 3 and r.missing_values == 0 for opt in opts for r in opt.reports)
+    assert sum(len(opt.reports) for opt in opts) == 9
+    assert "slice" not in held  # (states taken at the start are held whole: they are named theta/ and momentum/)
+    assert (sum(node.service("learning").bulk.fetched for node in nodes) > 0) == lane
+
+
+async def _train_wide(opt, model, steps: int) -> None:
+    gen = torch.Generator().manual_seed(id(opt) % 1000)
+    for _ in range(steps):
+        model(torch.randn(4, 1024, generator=gen)).pow(2).mean().backward()
+        await opt.step(samples=4)
 
 
 @pytest.mark.parametrize("how", ["cancelled", "failed"])

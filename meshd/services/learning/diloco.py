@@ -324,6 +324,7 @@ class DiLoCo:
         group.wake.set()  # say so now, not at the next heartbeat
         group.publish_hash(round_ - 1, digest)
         self._offer_state()
+        _trim()  # the state left behind, freed now: back to the system before the next exchange peaks
         log.info("group %s: took round %d's state from %s (%s, %.3f s)", group.name, round_, PeerId(peer).short(),
                  path, seconds)
         if self._syncing is not None and round_ == self._sync_round:  # its outcome steps this state
@@ -472,7 +473,7 @@ class DiLoCo:
 
         avg, missing, used = await group.allreduce(
             (round_, p), q, samples=samples, encode=lambda t: encode(t, self.compression, self.block),
-            decode=decode, reduce=reduce, out=q, error=residual if lossy else None)
+            decode=decode, reduce=reduce, out=q, error=residual if lossy else None, stream=rule.name == "mean")
         gap = sum(hi - lo for lo, hi in missing)
         self.membership.report(role="contributor" if group.me in used else "follower")
         self.reports.append(SyncReport(round_, p, len(used), gap, sum(group.bytes_out.values()) - before,

@@ -21,7 +21,7 @@ import hashlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field as dc_field
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 import trio
 
@@ -58,6 +58,7 @@ class Offer:
     contribution: Contribution
     signature: bytes
     named: list  # [(name, Encoded)]
+    readers: int = 0  # sends of it under way (learning.reduced)
 
 
 @dataclass
@@ -81,12 +82,17 @@ class Exchange:
     early: dict = dc_field(default_factory=dict)  # peer -> (roster digest, index, part, samples) before the core
     samples: dict = dc_field(default_factory=dict)  # contributor -> samples, as its part said
     encoded: object = None  # this member's reduced slice, encoded
+    streaming: bool = False  # this member's slice is reduced as the parts stream in (StreamingAllReduce)
+    encode_reduced: Callable | None = None  # sets ``encoded`` from the reduced slice (which may become its decoding)
+    started: trio.Event = dc_field(default_factory=trio.Event)  # this member is in the round (``core`` is set)
+    settled: trio.Event = dc_field(default_factory=trio.Event)  # streamed parts may be added (the weights are fixed)
     clipped: list = dc_field(default_factory=list)  # indices (into the used list) the rule clipped
     used: list = dc_field(default_factory=list)  # the contributors the reduction used
     offer: Offer | None = None  # the reduced slice, signed, for learning.reduced
     reduced: trio.Event = dc_field(default_factory=trio.Event)
     served: set = dc_field(default_factory=set)  # members the reduced slice went to
     served_all: trio.Event = dc_field(default_factory=trio.Event)  # ... every other member on the roster
+    sent: trio.Event = dc_field(default_factory=trio.Event)  # set (and replaced) as each send of it ends
     left: set = dc_field(default_factory=set)  # members on the roster that said goodbye (not waited for)
     calls: dict = dc_field(default_factory=dict)  # peer -> cancel scopes of this member's calls to it
 
@@ -626,7 +632,8 @@ class Group:
     # --- the all-reduce ----------------------------------------------------------------------
 
     async def allreduce(self, key: tuple, flat, *, samples: int, encode: Callable, decode: Callable,
-                        reduce: Callable, out=None, error=None) -> tuple[object, list[tuple[int, int]], set[bytes]]:
+                        reduce: Callable, out=None, error=None,
+                        stream: bool = False) -> tuple[object, list[tuple[int, int]], set[bytes]]:
         """Average ``flat`` (a float32 vector) with the other contributors of round ``key[0]``.
 
         The round's :meth:`roster` cuts the vector into one slice per
@@ -649,9 +656,17 @@ class Group:
         received straight into it; ``out`` may be ``flat`` itself, each slice
         then overwritten once this member's part of it has gone to its
         reducer: a large model's exchange then maps no new memory for
-        either."""
+        either.
+
+        With ``stream`` (``reduce`` must then be the sample-weighted mean) this
+        member's slice is reduced as the parts come, into ``out``
+        (:class:`learn.allreduce.StreamingAllReduce`): it holds none of the
+        parts it is sent.  Its reduced slice is then served from ``out``
+        until every member on the roster has it; a copy is kept for later
+        fetchers only where one may still come, so ``out`` is the caller's
+        again when this returns."""
         import torch  # noqa: PLC0415  (torch, and learn's modules that use it, only where tensors are)
-        from learn.allreduce import AllReduce, partition  # noqa: PLC0415
+        from learn.allreduce import AllReduce, StreamingAllReduce, partition  # noqa: PLC0415
 
         started = trio.current_time()
         for older in self._exchanges.values():  # keep the reduced slices of the round before only (a member a
@@ -672,15 +687,24 @@ class Group:
             if not contributing or members[index] == self.me or out.data_ptr() != flat.data_ptr():
                 gone[index].set()
 
-        def reduce_part(tensors, weights):
-            value, exchange.clipped = reduce(tensors, weights)
+        def encode_reduced(value):
             exchange.encoded = encode(value)  # what the others receive: for codec none, value itself
             return value if exchange.encoded.codec == "none" else _decode_into(decode, exchange.encoded, value)
 
+        def reduce_part(tensors, weights):
+            value, exchange.clipped = reduce(tensors, weights)
+            return encode_reduced(value)
+
         timeout = self.clock.timeout()
-        core = exchange.core = AllReduce(self.me, members, flat, reduce=reduce_part, weight=max(1, samples),
-                                         now=trio.current_time(), timeout=timeout)
+        exchange.encode_reduced, exchange.streaming = encode_reduced, stream and contributing
+        if exchange.streaming:
+            core = exchange.core = StreamingAllReduce(self.me, members, flat, into=out, weight=max(1, samples),
+                                                      now=trio.current_time(), timeout=timeout)
+        else:
+            core = exchange.core = AllReduce(self.me, members, flat, reduce=reduce_part, weight=max(1, samples),
+                                             now=trio.current_time(), timeout=timeout)
         exchange.samples[self.me] = samples
+        exchange.started.set()
         digest = roster_digest(members)
         for peer, (their_roster, index, tensor, their_samples) in exchange.early.items():
             if their_roster == digest:  # else sent under another roster: left out
@@ -712,10 +736,32 @@ class Group:
                 if got[0].data_ptr() != out[lo:hi].data_ptr():  # not received in place
                     out[lo:hi] = got[0]
                 used_by_any.update(got[1])
+        if exchange.streaming and exchange.offer is not None:
+            await self._release_reduced(exchange, core.reduced(core.index)[0], core.deadline)
         exchange.over, exchange.core, exchange.encoded = True, None, None  # keep the offer, not the vectors
         missing = core.missing_parts()
         self.clock.observe(trio.current_time() - started, complete=not missing and used_by_any >= set(members))
         return out, [ranges[i] for i in missing], used_by_any
+
+    async def _release_reduced(self, exchange: Exchange, value, deadline: float) -> None:
+        """Give the caller's vector back from a streamed reduction, whose slice ``value``
+        is served from it: from now on the slice is served from a copy if a member
+        may still ask (one on the roster does not have it, or a live one is off the
+        roster), else not at all; then wait (until ``deadline`` at most) for the
+        sends of the slice under way to end, so none reads the vector once the
+        caller writes it."""
+        offer = exchange.offer
+        if exchange.served_all.is_set() and set(self.live()) <= set(exchange.roster):
+            exchange.offer = None
+        else:
+            from learn.compress import encode  # noqa: PLC0415
+
+            (name, encoded), = offer.named
+            kept = encode(value.clone()) if encoded.codec == "none" else encoded  # a lossy one has its own bytes
+            exchange.offer = Offer(offer.contribution, offer.signature, [(name, kept)])
+        with trio.move_on_at(deadline):
+            while offer.readers:
+                await exchange.sent.wait()
 
     @staticmethod
     def _encode_part(part, encode: Callable, decode: Callable, error):
@@ -755,11 +801,16 @@ class Group:
         self._publish_reduced(exchange)
 
     def _publish_reduced(self, exchange: Exchange) -> None:
-        """Once this member's slice is reduced: count who was clipped, sign the slice, serve it."""
+        """Wake streamed parts once the weights are settled; once this member's slice
+        is reduced: count who was clipped, sign the slice, serve it."""
         core = exchange.core
+        if exchange.streaming and core.settled:
+            exchange.settled.set()
         done = core.reduced(core.index) if core.index is not None else None
         if done is None or exchange.reduced.is_set():
             return
+        if exchange.encoded is None:  # reduced as the parts streamed in: encode it now
+            exchange.encode_reduced(done[0])
         used = done[1]
         for index in exchange.clipped:
             self.clipped[used[index]] += 1
@@ -855,18 +906,25 @@ class Group:
 
         The head names the sender's roster by its digest: if this member has the
         round's roster already, a part under another roster, or of a slice it
-        does not reduce, is refused before its tensors are read; one that comes
-        before it has the roster is kept, and checked when the round starts."""
+        does not reduce, is refused before its tensors are read.  One that comes
+        before this member reaches the round waits for it (a round's timeout at
+        most: its tensors then stream into the reduction), else is kept whole and
+        checked when the round starts."""
         key = self._current_key(head)
         roster = field(head, "roster", bytes)
         index = field(head, "index", int)
         exchange = self._exchange(key)
+        if exchange.core is None and not exchange.over:
+            with trio.move_on_after(self.clock.timeout()):
+                await exchange.started.wait()
         members = exchange.core.members if exchange.core is not None else self._rosters.get(key[0])
         if members is not None:
             if roster != roster_digest(members):
                 raise InvalidArgument(f"your roster of round {key[0]} differs from this member's")
             if peer.key not in members or members[index:index + 1] != [self.me]:
                 raise PermissionDenied("this member does not reduce that slice for you")
+        if exchange.streaming and not exchange.over:
+            return await self._stream_part(exchange, peer, index, items)
         contribution, named = await self._receive(peer, items, kind=f"part:{key[1]}:{index}", round=key[0])
         from learn.compress import decode  # noqa: PLC0415  (torch only where tensors are)
 
@@ -886,17 +944,71 @@ class Group:
         self._take_part(exchange, peer.key, index, tensor, contribution.samples)
         return {"ok": True}
 
+    async def _stream_part(self, exchange: Exchange, peer: PeerId, index: int, items) -> dict:
+        """Take ``peer``'s part into this member's streamed reduction: announced as its
+        signed head comes, then (once the weights are settled) added chunk by chunk
+        as it comes over QUIC or the lane, done once its digest checks.  A part sent
+        under a lossy codec is decoded whole and added then."""
+        from learn.compress import decode  # noqa: PLC0415  (torch only where tensors are)
+
+        core, (round_, fragment) = exchange.core, exchange.key
+        announced = False
+
+        def moved() -> None:
+            if exchange.core is core:  # (not once the round is over here)
+                self._publish_reduced(exchange)
+
+        async def announce(contribution: Contribution) -> None:
+            nonlocal announced
+            if not core.announce(peer.key, index, max(1, contribution.samples)):
+                raise Unavailable(f"round {round_}'s slice {index} is reduced here without your part")
+            announced = True
+            exchange.samples[peer.key] = contribution.samples
+            moved()  # the last to come settles the weights
+            with trio.move_on_at(core.deadline):
+                await exchange.settled.wait()
+
+        def into(name: str, codec: str, nbytes: int):
+            return _Accumulate(core, peer.key) if codec == "none" else None
+
+        try:
+            _, named = await self._receive(peer, items, kind=f"part:{fragment}:{index}", round=round_,
+                                           before=announce, into=into)
+            if [name for name, _ in named] != ["slice"]:
+                raise InvalidArgument("a part is one tensor, named slice")
+            encoded = named[0][1]
+            try:
+                if not isinstance(encoded.payload, _Accumulate):
+                    core.add(peer.key, 0, decode(encoded).reshape(-1))
+                core.part_done(peer.key)
+            except ValueError as exc:  # CodecError, AllReduceError
+                raise InvalidArgument(f"bad part: {exc}") from None
+        except BaseException:
+            if announced:
+                core.fail(peer.key)
+            raise
+        finally:
+            moved()
+        return {"ok": True}
+
     async def serve_reduced(self, peer: PeerId, arg: object) -> AsyncIterator[dict]:
         """Send this member's reduced slice of exchange ``key`` once it has one (waiting for it a while)."""
         exchange = self._exchange(self._current_key(arg))  # perhaps asked before this member reached the round
         self.seen(peer.key)
         with trio.move_on_after(2 * self.clock.timeout()):
             await exchange.reduced.wait()
-        if exchange.offer is None:
+        offer = exchange.offer
+        if offer is None:
             raise Unavailable(f"exchange {list(exchange.key)} is not reduced here")
-        async for item in self._send(peer, exchange.offer, lane=arg.get("lane") is True,
-                                   used=subset_bits(exchange.roster, exchange.used)):
-            yield item
+        offer.readers += 1
+        try:
+            async for item in self._send(peer, offer, lane=arg.get("lane") is True,
+                                       used=subset_bits(exchange.roster, exchange.used)):
+                yield item
+        finally:
+            offer.readers -= 1
+            exchange.sent.set()
+            exchange.sent = trio.Event()
         exchange.served.add(peer.key)
         self._check_served(exchange)
 
@@ -942,12 +1054,14 @@ class Group:
             yield item
 
     async def _receive(self, peer: PeerId, items, *, kind: str, round: int | None = None,
-                       with_used: bool = False, into: Into | None = None):
+                       with_used: bool = False, into: Into | None = None,
+                       before: Callable[[Contribution], Awaitable[None]] | None = None):
         """Read a signed tensor set from ``items`` (payloads into the buffers
         ``into`` gives, as :class:`learn.wire.Decoder` takes it, else payloads
         over a chunk into fresh memory, mapped as it is written: one copy);
         InvalidArgument unless it is ``peer``'s, of ``kind`` (and ``round``),
-        whole and matching its digest."""
+        whole and matching its digest.  ``before(contribution)`` is awaited once
+        the signed head is checked, before any tensor is read."""
         head = await anext(items, None)
         try:
             contribution = Contribution.from_wire(field(head, "contribution", dict))
@@ -958,6 +1072,8 @@ class Group:
                 raise InvalidArgument(f"expected {kind} of group {self.name!r}")
             if round is not None and contribution.round != round:
                 raise InvalidArgument(f"expected round {round}, not {contribution.round}")
+            if before is not None:
+                await before(contribution)
             decoder = Decoder(self.limits, into=into or _fresh)
             named: list = []
             if "lane" in head:
@@ -967,7 +1083,7 @@ class Group:
                     self.bytes_in[peer.key] += len(frame.get("c", b"")) if isinstance(frame, dict) else 0
                     named += decoder.feed(frame)
             decoder.finish()
-            if digest_of(named) != contribution.digest:
+            if decoder.digest(named) != contribution.digest:
                 raise InvalidArgument("the tensors do not match the signed digest")
             self.seen(peer.key)
         except (WireError, ValueError) as exc:
@@ -1017,6 +1133,21 @@ def _decode_into(decode: Callable, encoded, place):
         except ValueError:  # it does not fit there
             pass
     return decode(encoded)
+
+
+class _Accumulate:
+    """A streamed part's sink (:class:`learn.wire.Sink`): its float32 values go into
+    the reduction as each chunk comes (:meth:`learn.allreduce.StreamingAllReduce.add`)."""
+
+    def __init__(self, core, peer: bytes):
+        self.core, self.peer = core, peer
+
+    def write(self, at: int, chunk: memoryview) -> None:
+        from learn.tensors import float32_values  # noqa: PLC0415
+
+        if at % 4:
+            raise ValueError("a streamed part's chunks hold whole float32 values")
+        self.core.add(self.peer, at // 4, float32_values(chunk))
 
 
 def _fresh(name: str, codec: str, nbytes: int) -> memoryview | None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from learn.allreduce import AllReduce, AllReduceError, partition
+from learn.allreduce import AllReduce, AllReduceError, StreamingAllReduce, partition
 
 TIMEOUT = 10.0
 
@@ -356,3 +356,197 @@ def test_taking_a_reduced_part_costs_key_comparisons_linear_in_the_members():
     _CountingKey.compared = 0
     assert ar.received_reduced(members[1], 1, torch.zeros(1), used)
     assert _CountingKey.compared <= 20 * n, f"{_CountingKey.compared} key comparisons for {n} members"
+
+
+# --- a reducer that adds parts as they stream in -----------------------------------------------
+
+
+class StreamingNetwork:
+    """Members of one streamed all-reduce: each part goes as a head, chunks and an end, in
+    order on its own link, the links interleaved in an order drawn from ``rng``; the
+    reduced parts go whole.  ``cut`` names links (sender, reducer) that stop after that many
+    chunks, the sender then failing its part there."""
+
+    def __init__(self, n, total, *, seed=0, chunk=3, cut=None, in_place=False):
+        gen = torch.Generator().manual_seed(seed)
+        self.members = _keys(n, seed)
+        self.vectors = {m: torch.randn(total, generator=gen) for m in self.members}
+        self.originals = {m: v.clone() for m, v in self.vectors.items()}
+        self.weights = {m: float(1 + i % 3) for i, m in enumerate(self.members)}
+        self.rng = random.Random(seed)
+        self.ars = {m: StreamingAllReduce(m, self.members, self.vectors[m],
+                                          into=self.vectors[m] if in_place else torch.zeros(total),
+                                          weight=self.weights[m], now=0.0, timeout=TIMEOUT)
+                    for m in self.members}
+        self.links = {}
+        for m, ar in self.ars.items():
+            for peer, index, part in ar.outgoing():
+                msgs = [("announce", index, self.weights[m])]
+                msgs += [("chunk", at, part[at:at + chunk].clone()) for at in range(0, part.numel(), chunk)]
+                msgs.append(("done",))
+                if cut and (m, peer) in cut:
+                    msgs = msgs[:1 + cut[(m, peer)]] + [("fail",)]
+                self.links[(m, peer)] = msgs
+        self.sent = set()  # reducers whose reduced part went to everyone
+
+    def _deliver(self, src, dst, msg):
+        """Hand ``msg`` to ``dst``; False if it must wait (chunks wait for the weights to settle)."""
+        ar = self.ars[dst]
+        if msg[0] == "announce":
+            ar.announce(src, msg[1], msg[2])
+        elif msg[0] == "chunk" and not ar.settled:
+            return False
+        elif msg[0] == "chunk":
+            ar.add(src, msg[1], msg[2])
+        elif msg[0] == "done":
+            ar.part_done(src)
+        else:
+            ar.fail(src)
+        return True
+
+    def _drain(self, sent):
+        progress = True
+        while progress:
+            progress = False
+            for link in self.rng.sample(sorted(self.links), len(self.links)):
+                msgs = self.links[link]
+                try:
+                    if msgs and self._deliver(*link, msgs[0]):
+                        msgs.pop(0)
+                        progress = True
+                except AllReduceError:  # refused: the sender's part there ends
+                    msgs.clear()
+            for m, ar in self.ars.items():
+                got = ar.reduced(ar.index)
+                if got is not None and m not in sent:
+                    sent.add(m)
+                    progress = True
+                    for peer in self.members:
+                        if peer != m:
+                            self.ars[peer].received_reduced(m, ar.index, got[0].clone(), got[1])
+
+    def run(self, deadlines=(TIMEOUT, 2 * TIMEOUT)):
+        sent = self.sent
+        self._drain(sent)
+        for at in deadlines:
+            for ar in self.ars.values():
+                ar.expire(at)
+            self._drain(sent)
+        return self.ars
+
+
+@given(st.integers(1, 200), st.integers(0, 2**32), st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_streamed_reductions_end_bit_identical_and_equal_to_the_mean_to_rounding(total, seed, in_place):
+    net = StreamingNetwork(5, total, seed=seed, in_place=in_place)
+    ars = net.run()
+    results = [ar.result() for ar in ars.values()]
+    assert all(r is not None for r in results)
+    assert all(_bits(r) == _bits(results[0]) for r in results)
+    whole = weighted_mean([net.originals[m] for m in net.members], [net.weights[m] for m in net.members])
+    assert torch.allclose(results[0], whole, atol=1e-6, rtol=1e-5)
+    assert all(ar.reduced(i)[1] == net.members for ar in ars.values() for i in range(5))
+
+
+def test_a_part_that_fails_midway_loses_its_reducers_part_for_everyone_and_no_other():
+    members = _keys(4, 11)
+    net = StreamingNetwork(4, 40, seed=11, cut={(members[0], members[2]): 1})
+    ars = net.run(deadlines=())  # no deadline passed: the failure itself decides
+    assert ars[members[2]].missing_parts() == [2]
+    assert all(ar.reduced(2) is None for ar in ars.values())
+    net.run()
+    assert all(ar.missing_parts() == [2] for ar in ars.values())
+    for index in (0, 1, 3):
+        got = [ar.reduced(index) for ar in ars.values()]
+        assert all(_bits(t) == _bits(got[0][0]) and used == members for t, used in got)
+
+
+def test_a_part_that_fails_before_any_value_was_added_may_come_again():
+    members = _keys(3, 12)
+    ar = StreamingAllReduce(members[0], members, torch.ones(6), into=torch.zeros(6), now=0.0, timeout=5.0)
+    assert ar.announce(members[1], 0) and ar.announce(members[2], 0)
+    assert ar.settled
+    ar.fail(members[1])  # its lane broke before the first chunk: it sends again over QUIC
+    assert ar.announce(members[1], 0)
+    ar.add(members[1], 0, torch.full((2,), 4.0))
+    ar.part_done(members[1])
+    ar.add(members[2], 0, torch.full((2,), 7.0))
+    ar.part_done(members[2])
+    tensor, used = ar.reduced(0)
+    assert used == members and tensor.tolist() == [4.0, 4.0]  # (1 + 4 + 7) / 3
+    assert ar.missing_parts() == []
+
+
+def test_a_part_not_announced_by_the_parts_deadline_is_left_out_and_refused_after():
+    members = _keys(3, 13)
+    ar = StreamingAllReduce(members[0], members, torch.full((6,), 2.0), into=torch.zeros(6), weight=1.0,
+                            now=0.0, timeout=5.0)
+    assert ar.announce(members[1], 0, 3.0)
+    assert not ar.settled and not ar.expire(4.9)
+    assert not ar.expire(5.0) and ar.settled  # settled over the two announced; one still streams
+    assert not ar.announce(members[2], 0)  # too late
+    ar.add(members[1], 0, torch.full((2,), 6.0))
+    ar.part_done(members[1])
+    tensor, used = ar.reduced(0)
+    assert used == members[:2] and tensor.tolist() == [5.0, 5.0]  # (2·1 + 6·3) / 4
+    assert ar.contributors_missing() == [members[2]]
+
+
+def test_parts_that_came_whole_before_the_weights_settled_are_added_when_they_do():
+    members = _keys(3, 14)
+    ar = StreamingAllReduce(members[2], members, torch.zeros(6), into=torch.zeros(6), now=0.0, timeout=5.0)
+    assert ar.received_part(members[0], 2, torch.full((2,), 3.0))
+    assert ar.reduced(2) is None and not ar.settled
+    assert ar.received_part(members[1], 2, torch.full((2,), 6.0))
+    assert ar.reduced(2)[0].tolist() == [3.0, 3.0]
+
+
+def test_a_settled_part_not_done_by_the_deadline_makes_the_reducers_part_missing():
+    members = _keys(2, 15)
+    ar = StreamingAllReduce(members[0], members, torch.zeros(4), into=torch.zeros(4), now=0.0, timeout=5.0)
+    assert ar.announce(members[1], 0)
+    ar.add(members[1], 0, torch.ones(1))
+    assert not ar.expire(10.0)
+    assert ar.missing_parts() == [0, 1] and ar.done() and ar.result() is None
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda ar, m: ar.add(m[1], 1, torch.zeros(1)), "out of order"),
+    (lambda ar, m: ar.add(m[1], 0, torch.zeros(3)), "past the part's end"),
+    (lambda ar, m: ar.add(m[1], 0, torch.zeros(1, dtype=torch.float64)), "float32"),
+    (lambda ar, m: ar.add(m[1], 0, torch.tensor([float("inf")])), "not finite"),
+    (lambda ar, m: ar.part_done(m[1]), "ended early"),
+])
+def test_a_streamed_part_out_of_order_too_long_or_bad_loses_the_reducers_part(call, message):
+    members = _keys(3, 16)
+    ar = StreamingAllReduce(members[0], members, torch.zeros(6), into=torch.zeros(6), now=0.0, timeout=5.0)
+    ar.announce(members[1], 0)
+    ar.announce(members[2], 0)
+    with pytest.raises(AllReduceError, match=message):
+        call(ar, members)
+    assert ar.missing_parts() == [0]
+    assert not ar.announce(members[1], 0)
+    with pytest.raises(AllReduceError, match="not being taken"):
+        ar.add(members[2], 0, torch.zeros(1))
+
+
+def test_a_streamed_part_is_checked_as_a_whole_one_is():
+    members = _keys(3, 17)
+    ar = StreamingAllReduce(members[0], members, torch.zeros(6), into=torch.zeros(6), now=0.0, timeout=5.0)
+    with pytest.raises(AllReduceError, match="reduces part 0"):
+        ar.announce(members[1], 1)
+    with pytest.raises(AllReduceError, match="not a contributor"):
+        ar.announce(b"x" * 32, 0)
+    ar.announce(members[1], 0)
+    with pytest.raises(AllReduceError, match="twice"):
+        ar.announce(members[1], 0)
+    with pytest.raises(AllReduceError, match="not being taken"):
+        ar.add(members[1], 0, torch.zeros(1))  # not settled yet
+    with pytest.raises(ValueError, match="float32 vector"):
+        StreamingAllReduce(members[0], members, torch.zeros(6), into=torch.zeros(5), now=0.0, timeout=5.0)
+
+
+def test_a_streaming_member_alone_has_its_result_at_once():
+    me = _keys(1)[0]
+    ar = StreamingAllReduce(me, [me], torch.arange(5.0), into=torch.zeros(5), now=0.0, timeout=5.0)
+    assert ar.result().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]

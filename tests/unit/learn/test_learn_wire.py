@@ -286,6 +286,42 @@ def test_a_decoder_fills_the_buffers_into_gives_and_copies_borrowed_chunks_other
         Decoder(into=lambda *_: memoryview(b"abc")).feed(frames(named[1:]).__next__())
 
 
+@given(tensor_sets())
+@settings(max_examples=60, deadline=None)
+def test_a_decoders_digest_is_the_digest_of_what_it_decoded_in_any_order(named):
+    decoder = Decoder()
+    out = [item for frame in frames(named) for item in decoder.feed(frame)]
+    assert decoder.digest(out) == digest_of(named)
+
+
+class _Collect:
+    def __init__(self):
+        self.writes = []
+
+    def write(self, at, chunk):
+        self.writes.append((at, bytes(chunk)))
+
+
+def test_a_sink_takes_each_chunk_in_order_and_nothing_keeps_the_payload():
+    payload = random.Random(3).randbytes(2 * CHUNK + 5)
+    named = [("a", Encoded("none", "uint8", (len(payload),), 64, payload)), ("b", Encoded("none", "uint8", (3,), 64, b"xyz"))]
+    sink = _Collect()
+    decoder = Decoder(into=lambda name, codec, n: sink if name == "a" else None)
+    out = [item for frame in frames(named) for item in decoder.feed(frame)]
+    assert [at for at, _ in sink.writes] == [0, CHUNK, 2 * CHUNK]
+    assert b"".join(chunk for _, chunk in sink.writes) == payload
+    assert out[0][1].payload is sink and bytes(out[1][1].payload) == b"xyz"
+    assert decoder.digest(out) == digest_of(named)  # digested as the chunks went by
+
+
+def test_tensors_out_of_name_order_into_a_sink_cannot_be_digested():
+    named = [("b", Encoded("none", "uint8", (3,), 64, b"xyz")), ("a", Encoded("none", "uint8", (2,), 64, b"pq"))]
+    decoder = Decoder(into=lambda name, codec, n: _Collect() if name == "a" else None)
+    out = [item for frame in frames(named) for item in decoder.feed(frame)]
+    with pytest.raises(WireError, match="name order"):
+        decoder.digest(out)
+
+
 KEYS = [bytes([i]) * 32 for i in range(1, 20)]
 
 
