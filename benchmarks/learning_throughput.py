@@ -96,16 +96,20 @@ def build_model(mib: int, tensor_mib: int, seed: int):
     return model
 
 
-async def perturb(model, seed: int) -> None:
-    """What H inner steps would do, for the benchmark: every parameter moves by its own small noise.
-    The node runs between tensors (as between a training loop's steps), so it keeps answering hellos."""
+async def perturb(model, noise, seed: int) -> None:
+    """What H inner steps would do, for the benchmark: every parameter moves by its own small noise,
+    drawn into ``noise`` (a vector the size of the largest parameter, the training's own memory: no
+    heap the sync's peak would count).  The node runs between tensors (as between a training loop's
+    steps), so it keeps answering hellos."""
     import torch
     import trio
 
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen), alpha=1e-3)
+            step = noise[:p.numel()].view(p.shape)
+            torch.randn(p.shape, generator=gen, out=step)
+            p.add_(step, alpha=1e-3)
             await trio.sleep(0)
 
 
@@ -142,6 +146,7 @@ async def member(args) -> None:
         rss_start = status_mib("VmRSS")
         model = build_model(args.mib, args.tensor_mib, seed=0)  # one shared init
         inner = torch.optim.SGD(model.parameters(), lr=0.1)  # (its first use maps ~70 MiB of torch.optim's code)
+        noise = torch.zeros(max(p.numel() for p in model.parameters()))  # the stand-in inner steps' memory
         rss_model = status_mib("VmRSS")  # the baseline: node up, the training script's model and optimizer built
         opt = ml.DiLoCo(node, model, inner_opt=inner, group=GROUP, inner_steps=1, compression=args.codec)
         group = opt.group
@@ -155,7 +160,7 @@ async def member(args) -> None:
         if await hear() != "start":  # every member has its state (the pulls are served and counted)
             return
         for k in range(args.syncs):
-            await perturb(model, seed=1000 * k + args.member)
+            await perturb(model, noise, seed=1000 * k + args.member)
             with trio.move_on_after(30):  # everyone live again in our view before the sync
                 while len(group.live()) < args.members:
                     await trio.sleep(0.1)

@@ -317,15 +317,15 @@ class StreamingAllReduce(AllReduce):
     def add(self, peer: bytes, at: int, values: torch.Tensor) -> None:
         """Add the next ``values`` of ``peer``'s part, which start at its value ``at``.
         AllReduceError (and this member's part is lost) for values out of order,
-        past the part's end, not float32 or not finite."""
+        past the part's end or not float32.  (A value that is not finite is found
+        in the sum, once the part is reduced: it makes that so, and the part is lost.)"""
         if not self.settled or peer not in self._scale or peer in self._done or self._failed:
             raise AllReduceError(f"{_short(peer)}'s part is not being taken")
         lo, hi = self.ranges[self.index]
         have = self._have[peer]
         bad = ("out of order" if at != have else "not a float32 vector"
                if not isinstance(values, torch.Tensor) or values.dtype != torch.float32 or values.dim() != 1
-               else "past the part's end" if have + values.numel() > hi - lo
-               else "not finite" if not bool(torch.isfinite(values.sum())) else None)
+               else "past the part's end" if have + values.numel() > hi - lo else None)
         if bad is not None:
             self._failed = True
             raise AllReduceError(f"values {at}+ of {_short(peer)}'s part are {bad}")
