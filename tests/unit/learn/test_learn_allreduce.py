@@ -558,3 +558,33 @@ def test_a_streaming_member_alone_has_its_result_at_once():
     me = _keys(1)[0]
     ar = StreamingAllReduce(me, [me], torch.arange(5.0), into=torch.zeros(5), now=0.0, timeout=5.0)
     assert ar.result().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["announce", "add", "done", "fail", "expire"]), st.integers(0, 3),
+                          st.integers(-2, 12), st.integers(0, 8), st.sampled_from([1.0, float("nan"), -3.5])),
+                max_size=30))
+@settings(max_examples=200, deadline=None)
+def test_any_sequence_of_peer_calls_on_a_streamed_reduction_raises_only_allreduce_errors(ops):
+    members = _keys(4, 19)
+    ar = StreamingAllReduce(members[0], members, torch.ones(40), into=torch.zeros(40), now=0.0, timeout=5.0)
+    clock = 0.0
+    for op, who, at, n, value in ops:
+        peer = members[who]
+        try:
+            if op == "announce":
+                ar.announce(peer, 0 if at >= 0 else 1, max(n, 1))
+            elif op == "add":
+                ar.add(peer, at, torch.full((n,), value))
+            elif op == "done":
+                ar.part_done(peer)
+            elif op == "fail":
+                ar.fail(peer)
+            else:
+                clock += 5.0
+                ar.expire(clock)
+        except AllReduceError:
+            pass
+    got = ar.reduced(0)
+    if got is not None:
+        assert got[0].shape == (10,) and bool(torch.isfinite(got[0]).all()) and members[0] in got[1]
+        assert 0 not in ar.missing_parts()
