@@ -338,9 +338,11 @@ class Group:
 
     # --- offering and pulling tensor sets ------------------------------------------------
 
-    def _sign(self, round: int, kind: str, named: list, samples: int) -> Offer:
+    def _sign(self, round: int, kind: str, named: list, samples: int, digest: bytes | None = None) -> Offer:
+        """``named`` as a contribution of ``kind`` signed by this member (``digest``: its
+        :func:`learn.wire.digest_of`, if taken already)."""
         contribution = Contribution(group=self.name, round=round, author=self.me, kind=kind,
-                                    samples=samples, digest=digest_of(named))
+                                    samples=samples, digest=digest or digest_of(named))
         return Offer(contribution, contribution.sign(self._host.identity.sign), named)
 
     def offer(self, kind: str, round: int, named: list, samples: int = 0) -> None:
@@ -838,7 +840,9 @@ class Group:
         """Send this member's part ``index`` to its reducer (``gone`` is set when that is over, either way)."""
         members = exchange.core.members
         reducer = PeerId(members[index])
-        offer = self._sign(exchange.key[0], f"part:{exchange.key[1]}:{index}", [("slice", encoded)], samples)
+        named = [("slice", encoded)]
+        digest = await trio.to_thread.run_sync(digest_of, named)  # (blake3 lets go of the GIL: the loop goes on)
+        offer = self._sign(exchange.key[0], f"part:{exchange.key[1]}:{index}", named, samples, digest)
         head = {"group": self.name, "key": list(exchange.key), "index": index, "roster": roster_digest(members)}
 
         async def send(lane: bool) -> None:
