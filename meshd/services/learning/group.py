@@ -911,15 +911,16 @@ class Group:
         The head names the sender's roster by its digest: if this member has the
         round's roster already, a part under another roster, or of a slice it
         does not reduce, is refused before its tensors are read.  One that comes
-        before this member reaches the round waits for it (a round's timeout at
-        most: its tensors then stream into the reduction), else is kept whole and
-        checked when the round starts."""
+        before this member reaches the round waits for it (half a round's timeout
+        at most: its tensors then stream into the reduction), else is kept whole
+        and checked when the round starts: the sender's call ends well within its
+        own timeout, so a reducer far behind still gets the part."""
         key = self._current_key(head)
         roster = field(head, "roster", bytes)
         index = field(head, "index", int)
         exchange = self._exchange(key)
         if exchange.core is None and not exchange.over:
-            with trio.move_on_after(self.clock.timeout()):
+            with trio.move_on_after(self.clock.timeout() / 2):
                 await exchange.started.wait()
         members = exchange.core.members if exchange.core is not None else self._rosters.get(key[0])
         if members is not None:
