@@ -111,12 +111,7 @@ class AllReduce:
         True if taken, False if it came after the reduction (ignored).
         AllReduceError for a part this member does not reduce, a peer that is
         not a contributor, a second part from one, or a malformed part."""
-        if self.index is None:
-            raise AllReduceError("this member follows the round and reduces no part")
-        if index != self.index:
-            raise AllReduceError(f"this member reduces part {self.index}, not part {index}")
-        if peer not in self._member_set:
-            raise AllReduceError(f"{_short(peer)} is not a contributor")
+        self._check_sender(peer, index)
         if self.index in self._reduced:
             return False
         if peer in self._parts:
@@ -224,6 +219,15 @@ class AllReduce:
         except AllReduceError as exc:
             raise AllReduceError(f"reduce returned a bad part: {exc}") from None
         self._parts = {}
+
+    def _check_sender(self, peer: bytes, index: int) -> None:
+        """AllReduceError unless ``peer`` is a contributor and ``index`` the part this member reduces."""
+        if self.index is None:
+            raise AllReduceError("this member follows the round and reduces no part")
+        if index != self.index:
+            raise AllReduceError(f"this member reduces part {self.index}, not part {index}")
+        if peer not in self._member_set:
+            raise AllReduceError(f"{_short(peer)} is not a contributor")
 
     def _check(self, index: int, tensor: object) -> torch.Tensor:
         lo, hi = self.ranges[index]
@@ -347,6 +351,8 @@ class StreamingAllReduce(AllReduce):
         """``peer``'s part did not come whole, or not as signed: once some of it was
         added it cannot be taken back out, so this member's part is lost.  One
         that was not settled on yet is forgotten (it may come again)."""
+        if peer == self.me:  # this member's own part is in from the start
+            return
         if not self.settled:
             self._weights.pop(peer, None)
             self._whole.pop(peer, None)
@@ -379,14 +385,6 @@ class StreamingAllReduce(AllReduce):
     def _own_weight(self) -> None:
         if self.me in self._parts:  # the base class keeps this member's part there
             self._weights[self.me] = self._parts.pop(self.me)[1]
-
-    def _check_sender(self, peer: bytes, index: int) -> None:
-        if self.index is None:
-            raise AllReduceError("this member follows the round and reduces no part")
-        if index != self.index:
-            raise AllReduceError(f"this member reduces part {self.index}, not part {index}")
-        if peer not in self._member_set:
-            raise AllReduceError(f"{_short(peer)} is not a contributor")
 
     def _reduce_if_all_in(self) -> None:
         if self.index is None or self.index in self._reduced or self._failed:

@@ -982,6 +982,8 @@ class Group:
             if [name for name, _ in named] != ["slice"]:
                 raise InvalidArgument("a part is one tensor, named slice")
             encoded = named[0][1]
+            if encoded.dtype != "float32" or len(encoded.shape) != 1:  # (its values may be in the sum: lost)
+                raise InvalidArgument("a part is a float32 vector")
             try:
                 if not isinstance(encoded.payload, _Accumulate):
                     core.add(peer.key, 0, decode(encoded).reshape(-1))

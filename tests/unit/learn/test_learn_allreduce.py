@@ -33,6 +33,15 @@ def _bits(tensor):
     return tensor.view(torch.int32).tolist()
 
 
+def _one_result(ars):
+    """The result every member in ``ars`` (member -> AllReduce) holds, having checked they all
+    have one and hold the same bits."""
+    results = [ar.result() for ar in ars.values()]
+    assert all(r is not None for r in results)
+    assert all(_bits(r) == _bits(results[0]) for r in results)
+    return results[0]
+
+
 class Network:
     """Members of one all-reduce exchanging messages in an order drawn from ``rng``; a member
     that dies at a step sends nothing it had not sent by then and receives nothing more."""
@@ -109,11 +118,9 @@ def test_a_partition_needs_members_and_a_size():
 def test_five_members_end_bit_identical_and_equal_to_the_reduce_over_whole_vectors(total, seed, reduce):
     net = Network(5, total, reduce=reduce, seed=seed)
     finished = net.run()
-    results = [ar.result() for ar in finished.values()]
-    assert all(r is not None for r in results)
-    assert all(_bits(r) == _bits(results[0]) for r in results)
+    result = _one_result(finished)
     whole = reduce([net.vectors[m] for m in net.members], [net.weights[m] for m in net.members])
-    assert _bits(results[0]) == _bits(whole)
+    assert _bits(result) == _bits(whole)
     for ar in finished.values():
         assert ar.missing_parts() == [] and ar.done()
         assert all(ar.reduced(i)[1] == net.members for i in range(5))  # everyone's part was used
@@ -440,11 +447,8 @@ class StreamingNetwork:
 def test_streamed_reductions_end_bit_identical_and_equal_to_the_mean_to_rounding(total, seed, in_place):
     net = StreamingNetwork(5, total, seed=seed, in_place=in_place)
     ars = net.run()
-    results = [ar.result() for ar in ars.values()]
-    assert all(r is not None for r in results)
-    assert all(_bits(r) == _bits(results[0]) for r in results)
     whole = weighted_mean([net.originals[m] for m in net.members], [net.weights[m] for m in net.members])
-    assert torch.allclose(results[0], whole, atol=1e-6, rtol=1e-5)
+    assert torch.allclose(_one_result(ars), whole, atol=1e-6, rtol=1e-5)
     assert all(ar.reduced(i)[1] == net.members for ar in ars.values() for i in range(5))
 
 
