@@ -749,9 +749,11 @@ class Group:
         """Give the caller's vector back from a streamed reduction, whose slice ``value``
         is served from it: from now on the slice is served from a copy if a member
         may still ask (one on the roster does not have it, or a live one is off the
-        roster), else not at all; then wait (until ``deadline`` at most) for the
-        sends of the slice under way to end, so none reads the vector once the
-        caller writes it."""
+        roster), else not at all; then wait for the sends of the slice under way
+        to end, so none reads the vector once the caller writes it: until a
+        round's timeout past ``deadline`` at most (a send waits that long for
+        its fetcher), as a member that began its round later than this one
+        fetches past this one's deadline."""
         offer = exchange.offer
         if exchange.served_all.is_set() and set(self.live()) <= set(exchange.roster):
             exchange.offer = None
@@ -761,9 +763,12 @@ class Group:
             (name, encoded), = offer.named
             kept = encode(value.clone()) if encoded.codec == "none" else encoded  # a lossy one has its own bytes
             exchange.offer = Offer(offer.contribution, offer.signature, [(name, kept)])
-        with trio.move_on_at(deadline):
+        with trio.move_on_at(deadline + self.clock.timeout()):
             while offer.readers:
                 await exchange.sent.wait()
+        if offer.readers:
+            log.info("group %s: round %d's slice given back with %d sends of it under way", self.name,
+                     exchange.key[0], offer.readers)
 
     @staticmethod
     def _encode_part(part, encode: Callable, decode: Callable, error):
