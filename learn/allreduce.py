@@ -29,6 +29,10 @@ without its part as soon as the others are in, and the part it reduces is
 missing at once.  A member off the list follows the
 round (it takes the reduced parts and reduces nothing).  Each member sends and receives (N−1)/N
 of the vector twice, as in a butterfly all-reduce.
+
+:class:`StreamingAllReduce` is the same round for the sample-weighted mean,
+with the reducer adding each part into its slice as the part's values
+stream in, so it never holds the parts it is sent.
 """
 
 from __future__ import annotations
