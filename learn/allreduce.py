@@ -269,7 +269,7 @@ class StreamingAllReduce(AllReduce):
     have; from then on announced parts are added as they come and later ones are
     refused.  The reduced part is ready when every part settled on is done.  A
     settled part that fails after some of it was added (:meth:`fail`, a bad chunk,
-    not done by the deadline) cannot be taken back out of the sum: this member's
+    not done by :attr:`reduce_by`) cannot be taken back out of the sum: this member's
     part is then missing for everyone, who agree on that as they do on a reducer
     that died.  Which bits come out depends on the order chunks arrive in; every
     member still holds the same ones, as only the reducer adds.
@@ -363,14 +363,22 @@ class StreamingAllReduce(AllReduce):
         elif peer in self._scale and peer not in self._done and self._have[peer]:
             self._failed = True
 
+    @property
+    def reduce_by(self) -> float:
+        """When this member's part is reduced or lost: halfway from the parts deadline to
+        the deadline.  A whole-part reduction is done at the parts deadline; this one
+        may wait a while longer for parts settled on, but not so long that a member
+        whose round began a little earlier gives up on the part before it comes."""
+        return self.parts_deadline + (self.deadline - self.parts_deadline) / 2
+
     def expire(self, now: float) -> bool:
-        """As :meth:`AllReduce.expire`; past the deadline a part settled on that is not
-        done makes this member's part missing."""
+        """As :meth:`AllReduce.expire`; past :attr:`reduce_by` a part settled on that is
+        not done makes this member's part missing."""
         before = self.index in self._reduced
         if self.index is not None and not self._failed:
             if now >= self.parts_deadline and not self.settled:
                 self._settle()
-            if now >= self.deadline and self.index not in self._reduced:
+            if now >= self.reduce_by and self.index not in self._reduced:
                 self._failed = True
         super().expire(now)
         return self.index is not None and not before and self.index in self._reduced

@@ -801,11 +801,14 @@ class Group:
         self._publish_reduced(exchange)
 
     async def _reduce_when_due(self, exchange: Exchange) -> None:
-        """At the parts deadline, reduce this member's slice over the parts that came."""
-        with trio.move_on_at(exchange.core.parts_deadline):
-            await exchange.reduced.wait()
-        exchange.core.expire(max(trio.current_time(), exchange.core.parts_deadline))
-        self._publish_reduced(exchange)
+        """At the parts deadline, reduce this member's slice over the parts that came; a
+        streamed one, by its ``reduce_by`` with the parts settled on, or lose it."""
+        core = exchange.core
+        for due in (core.parts_deadline, core.reduce_by) if exchange.streaming else (core.parts_deadline,):
+            with trio.move_on_at(due):
+                await exchange.reduced.wait()
+            core.expire(max(trio.current_time(), due))
+            self._publish_reduced(exchange)
 
     def _publish_reduced(self, exchange: Exchange) -> None:
         """Wake streamed parts once the weights are settled; once this member's slice

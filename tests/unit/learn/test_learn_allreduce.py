@@ -505,12 +505,19 @@ def test_parts_that_came_whole_before_the_weights_settled_are_added_when_they_do
     assert ar.reduced(2)[0].tolist() == [3.0, 3.0]
 
 
-def test_a_settled_part_not_done_by_the_deadline_makes_the_reducers_part_missing():
+def test_a_settled_part_not_done_halfway_to_the_deadline_makes_the_reducers_part_missing():
+    """Its reduced part would come too late for a member whose round began a little earlier."""
     members = _keys(2, 15)
     ar = StreamingAllReduce(members[0], members, torch.zeros(4), into=torch.zeros(4), now=0.0, timeout=5.0)
     assert ar.announce(members[1], 0)
     ar.add(members[1], 0, torch.ones(1))
-    assert not ar.expire(10.0)
+    assert ar.reduce_by == 7.5
+    assert not ar.expire(7.4) and ar.missing_parts() == []
+    assert not ar.expire(7.5)
+    assert ar.missing_parts() == [0] and not ar.done()
+    with pytest.raises(AllReduceError, match="not being taken"):
+        ar.add(members[1], 1, torch.ones(1))  # lost: the rest of the part is refused
+    ar.expire(10.0)
     assert ar.missing_parts() == [0, 1] and ar.done() and ar.result() is None
 
 
