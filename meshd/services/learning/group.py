@@ -81,9 +81,8 @@ class Exchange:
     roster: list = dc_field(default_factory=list)  # the round's contributors
     early: dict = dc_field(default_factory=dict)  # peer -> (roster digest, index, part, samples) before the core
     samples: dict = dc_field(default_factory=dict)  # contributor -> samples, as its part said
-    encoded: object = None  # this member's reduced slice, encoded
     streaming: bool = False  # this member's slice is reduced as the parts stream in (StreamingAllReduce)
-    encode_reduced: Callable | None = None  # sets ``encoded`` from the reduced slice (which may become its decoding)
+    encode_reduced: Callable | None = None  # the reduced slice as the others receive it (and it becomes that)
     started: trio.Event = dc_field(default_factory=trio.Event)  # this member is in the round (``core`` is set)
     settled: trio.Event = dc_field(default_factory=trio.Event)  # streamed parts may be added (the weights are fixed)
     clipped: list = dc_field(default_factory=list)  # indices (into the used list) the rule clipped
@@ -689,13 +688,15 @@ class Group:
             if not contributing or members[index] == self.me or out.data_ptr() != flat.data_ptr():
                 gone[index].set()
 
-        def encode_reduced(value):
-            exchange.encoded = encode(value)  # what the others receive: for codec none, value itself
-            return value if exchange.encoded.codec == "none" else _decode_into(decode, exchange.encoded, value)
+        def encode_reduced(value):  # for codec none, value itself; a lossy one's decoding is written into value
+            encoded = encode(value)
+            if encoded.codec != "none":
+                decode(encoded, into=value)
+            return encoded
 
         def reduce_part(tensors, weights):
             value, exchange.clipped = reduce(tensors, weights)
-            return encode_reduced(value)
+            return value
 
         timeout = self.clock.timeout()
         exchange.encode_reduced, exchange.streaming = encode_reduced, stream and contributing
@@ -740,7 +741,7 @@ class Group:
                 used_by_any.update(got[1])
         if exchange.streaming and exchange.offer is not None:
             await self._release_reduced(exchange, core.reduced(core.index)[0], core.deadline)
-        exchange.over, exchange.core, exchange.encoded = True, None, None  # keep the offer, not the vectors
+        exchange.over, exchange.core = True, None  # keep the offer, not the vectors
         missing = core.missing_parts()
         self.clock.observe(trio.current_time() - started, complete=not missing and used_by_any >= set(members))
         return out, [ranges[i] for i in missing], used_by_any
@@ -819,8 +820,7 @@ class Group:
         done = core.reduced(core.index) if core.index is not None else None
         if done is None or exchange.reduced.is_set():
             return
-        if exchange.encoded is None:  # reduced as the parts streamed in: encode it now
-            exchange.encode_reduced(done[0])
+        encoded = exchange.encode_reduced(done[0])  # (this member then holds what the others receive)
         used = done[1]
         for index in exchange.clipped:
             self.clipped[used[index]] += 1
@@ -829,7 +829,7 @@ class Group:
             self.used[member] += 1
             self._suspect(member)
         round_, fragment = exchange.key
-        exchange.offer = self._sign(round_, f"reduced:{fragment}:{core.index}", [("slice", exchange.encoded)], 0)
+        exchange.offer = self._sign(round_, f"reduced:{fragment}:{core.index}", [("slice", encoded)], 0)
         exchange.used = used
         exchange.reduced.set()
 
@@ -1155,14 +1155,14 @@ class _Accumulate:
     the reduction as each chunk comes (:meth:`learn.allreduce.StreamingAllReduce.add`)."""
 
     def __init__(self, core, peer: bytes):
-        self.core, self.peer = core, peer
+        from learn.tensors import float32_values  # noqa: PLC0415  (torch only where tensors are)
+
+        self.core, self.peer, self._values = core, peer, float32_values
 
     def write(self, at: int, chunk: memoryview) -> None:
-        from learn.tensors import float32_values  # noqa: PLC0415
-
         if at % 4:
             raise ValueError("a streamed part's chunks hold whole float32 values")
-        self.core.add(self.peer, at // 4, float32_values(chunk))
+        self.core.add(self.peer, at // 4, self._values(chunk))
 
 
 def _fresh(name: str, codec: str, nbytes: int) -> memoryview | None:
