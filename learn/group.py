@@ -54,7 +54,8 @@ class GroupView:
         ``hash_round``, and ``hashes``: [round, hash] pairs for its latest
         rounds; what it leaves out stays as it was, other keys are the
         caller's).  Its hashes of the last :data:`HASH_HISTORY` rounds are
-        kept, what it says now over what it said before.  ValueError for a
+        kept, what it says now over what it said before, none of a round after
+        its latest hash's (it went back to the group's state).  ValueError for a
         malformed field or for ``me``, and then nothing changes."""
         if peer == self.me:
             raise ValueError("a member does not hear itself")
@@ -68,8 +69,10 @@ class GroupView:
                         info.get("hash", old.hash), info.get("hash_round", old.hash_round), now,
                         {**old.hashes, **_said_hashes(info.get("hashes", []))})
         _check(member)
-        if member.hash is not None and member.hash_round >= 0:
-            member.hashes[member.hash_round] = member.hash
+        if member.hash is not None:  # hashes of rounds after it are forgotten: it went back to the group's state
+            member.hashes = {r: h for r, h in member.hashes.items() if r <= member.hash_round}
+            if member.hash_round >= 0:
+                member.hashes[member.hash_round] = member.hash
         member.hashes = {r: member.hashes[r] for r in sorted(member.hashes)[-HASH_HISTORY:]}
         self.members[peer] = member
         return member
@@ -106,6 +109,31 @@ def majority(held: dict[bytes, tuple[bytes, int]]) -> tuple[bytes, bytes] | None
     best = {hash_: min(them) for hash_, them in holders.items()}
     top = min(holders, key=lambda h: (-len(holders[h]), best[h]))
     return top, best[top][1]
+
+
+def state_source(states: dict[bytes, tuple[int, dict[int, bytes]]]) -> tuple[bytes, int]:
+    """The member to take the group's state from, and how many members hold that state.
+
+    ``states`` maps each live member (the caller too) to the round it works on
+    and its latest hashes by round.  A member's state is its latest hash; it is
+    *corroborated* when another member holds the same hash for that round (one
+    there too, or one that has moved on).  The source is the member furthest
+    ahead (the lowest key among equals) whose state is corroborated, so one
+    member that says it is far ahead, a runaway that trained alone or a liar,
+    is not followed while two others agree.  With no state corroborated (a run's
+    start, or members that each went their own way) it is the member furthest
+    ahead, and the count is 1."""
+    def holders(member: bytes) -> int:
+        hashes = states[member][1]
+        if not hashes:
+            return 1
+        round_ = max(hashes)
+        return sum(other[1].get(round_) == hashes[round_] for other in states.values())
+
+    held = {member: holders(member) for member in states}
+    corroborated = [member for member, count in held.items() if count >= 2] or list(states)
+    source = min(corroborated, key=lambda member: (-states[member][0], member))
+    return source, held[source]
 
 
 def _said_hashes(pairs: object) -> dict[int, bytes]:

@@ -155,6 +155,7 @@ class DiLoCo:
         self.version = 0  # bumped whenever θ is written outside the inner step (an outer step, a resync)
         self._taken = 0  # states taken from others: an exchange begun before one is not applied after it
         self._resyncing = False
+        self._solo = False  # the last exchange used no contribution but this member's
         self._residual: dict[int, torch.Tensor] = {}  # error feedback, per fragment
         self._buffers: dict[int, torch.Tensor] = {}  # fragment -> its Δ vector, reused (the average lands in it)
         self._inflight: dict[int, tuple[int, trio.Event, dict]] = {}  # fragment -> (apply at, done, out)
@@ -202,14 +203,14 @@ class DiLoCo:
             await self._start()
 
     async def _start(self) -> None:
-        """Hear the group once, and take the state of the member
-        furthest ahead (lowest key among equals) if that is not us."""
+        """Hear the group once, and take the state of its source (:meth:`Group.source`:
+        the member furthest ahead whose state another holds too) if that is not us."""
         self._started = True
         group = self.group
         await group.settled.wait()
-        best = group.best_member()
-        if best != group.me:
-            await self._resync(best)
+        source, _ = group.source()
+        if source != group.me:
+            await self._resync(source)
         elif group.joined is None:  # the group's state is ours: contribute from this round, and say so now
             group.joined = group.round
             group.wake.set()
@@ -304,10 +305,13 @@ class DiLoCo:
             log.warning("group %s: %s trains another model (parameter names differ)", group.name,
                         PeerId(peer).short())
             return
-        if round_ <= group.hash_round:  # it is behind us: taking it would redo an exchange we took part in
+        if round_ <= group.hash_round and not self._solo:  # behind us: taking it would redo an exchange we took part in
             log.info("group %s: not taking round %d's state from %s: this member has finished round %d",
                      group.name, round_, PeerId(peer).short(), group.hash_round)
             return
+        if round_ <= group.hash_round:  # we trained ahead alone: the group's rounds from round_ are to come
+            group.rewind(round_)
+        self._solo = False
         self.resyncs += self.group.hash is not None
         self.takes[path] += 1
         self.taken_states.append({"path": path, "round": round_, "peer": peer, "seconds": seconds,
@@ -475,6 +479,7 @@ class DiLoCo:
             (round_, p), q, samples=samples, encode=lambda t: encode(t, self.compression, self.block),
             decode=decode, reduce=reduce, out=q, error=residual if lossy else None, stream=rule.name == "mean")
         gap = sum(hi - lo for lo, hi in missing)
+        self._solo = set(used) <= {group.me}
         self.membership.report(role="contributor" if group.me in used else "follower")
         self.reports.append(SyncReport(round_, p, len(used), gap, sum(group.bytes_out.values()) - before,
                                        time.perf_counter() - started))
@@ -525,13 +530,20 @@ class DiLoCo:
         return state_hash(self.theta, self.outer.momentum) if ends_round else None
 
     async def _check_hash(self) -> None:
-        """Resync from a member with the majority's hash if ours differs, or
-        from the member furthest ahead if it is two rounds or more ahead of us
-        (we started alone, or were cut off a while)."""
+        """Resync from a member with the majority's hash if ours differs; else from the
+        group's source (:meth:`Group.source`) if it is two rounds or more ahead of us (we
+        started alone, or were cut off a while), or if our last round was ours alone and
+        its state is one others hold and we do not (we trained ahead alone: back to the
+        group's round, whatever ours)."""
         group = self.group
         peer = await group.dissent(3 * self._service.config.heartbeat_interval)
-        best = group.best_member()
-        if peer is None and best != group.me and group.view.members[best].round > group.round + 1:
-            peer = best
+        source, corroborated = group.source()
+        if peer is None and source != group.me:
+            if group.view.members[source].round > group.round + 1:
+                peer = source
+            elif self._solo and corroborated and not group.holds(source):
+                log.info("group %s: this member's rounds were its own alone: back to %s's state",
+                         group.name, PeerId(source).short())
+                peer = source
         if peer is not None:
             await self._resync(peer)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 import trio
 
 from learn.encoded import CodecError
-from learn.group import HASH_HISTORY, GroupView, RoundClock, majority
+from learn.group import HASH_HISTORY, GroupView, RoundClock, majority, state_source
 from learn.membership import suspect
 from learn.wire import (
     CHUNK, Contribution, Decoder, Into, Limits, WireError, chunk_counts, digest_of, frames, header, roster_digest,
@@ -275,22 +275,37 @@ class Group:
         """The members heard from lately, this one included (sorted keys)."""
         return sorted({*self.view.live(trio.current_time()), self.me})
 
-    def best_member(self) -> bytes:
-        """The live member furthest ahead (the lowest key among equals): where a
-        joining member takes its state from."""
+    def source(self) -> tuple[bytes, bool]:
+        """The live member to take the group's state from (:func:`learn.group.state_source`:
+        the furthest ahead whose state another member holds too, else the furthest ahead),
+        and whether its state is so corroborated."""
         live = set(self.view.live(trio.current_time()))
-        rounds = {k: m.round for k, m in self.view.members.items() if k in live}
-        rounds[self.me] = self.round
-        return min(rounds, key=lambda k: (-rounds[k], k))
+        states = {k: (m.round, m.hashes) for k, m in self.view.members.items() if k in live}
+        states[self.me] = (self.round, self.hashes)
+        source, holders = state_source(states)
+        return source, holders >= 2
+
+    def holds(self, peer: bytes) -> bool:
+        """Whether this member's hashes hold ``peer``'s latest state (the same hash for its round)."""
+        hashes = self.view.members[peer].hashes
+        return bool(hashes) and self.hashes.get(max(hashes)) == hashes[max(hashes)]
 
     async def ahead_of(self, round: int) -> bytes:
-        """The key of a live member working two rounds or more past ``round``, once there
-        is one: ``round``'s exchange is over there, and what it kept of it goes soon."""
+        """The key of the source of the group's state (:meth:`source`) once it works two
+        rounds or more past ``round``: ``round``'s exchange is over there, and what it kept
+        of it goes soon."""
         while True:
-            best = self.best_member()
-            if best != self.me and self.view.members[best].round > round + 1:
-                return best
+            source, _ = self.source()
+            if source != self.me and self.view.members[source].round > round + 1:
+                return source
             await self._heard.wait()
+
+    def rewind(self, round: int) -> None:
+        """Forget this member's rosters, exchanges and hashes of ``round`` and after: it goes
+        back to the group's state of ``round`` (it had trained ahead alone)."""
+        self._rosters = {r: roster for r, roster in self._rosters.items() if r < round}
+        self._exchanges = {key: exchange for key, exchange in self._exchanges.items() if key[0] < round}
+        self.hashes = {r: hash_ for r, hash_ in self.hashes.items() if r < round - 1}
 
     def publish_hash(self, round: int, hash: bytes) -> None:
         """Say (in the hellos from now on) that this member's state after ``round`` has ``hash``."""

@@ -5,7 +5,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from learn.group import HASH_HISTORY, GroupView, Member, RoundClock, majority
+from learn.group import HASH_HISTORY, GroupView, Member, RoundClock, majority, state_source
 
 A, B, C, ME = b"a" * 32, b"b" * 32, b"c" * 32, b"m" * 32
 
@@ -211,3 +211,36 @@ def test_in_a_tie_the_hash_of_the_member_furthest_ahead_wins_not_the_lowest_key(
     is in r+3 is the one behind (a restarted member whose exchange missed the group's), whatever its key."""
     assert majority({A: (H1, 5), B: (H2, 7)}) == (H2, B)
     assert majority({A: (H1, 7), B: (H2, 7)}) == (H1, A)  # equal rounds too: then the lowest key
+
+
+def test_the_state_to_take_is_the_furthest_ahead_that_another_member_holds_too():
+    """A state is corroborated when two live members hold the same hash for its round (the one
+    that says it as its latest, and one that reached it too, maybe moved on)."""
+    group = {A: (10, {8: H1, 9: H2}), B: (10, {8: H1, 9: H2}), C: (9, {8: H1}), ME: (5, {4: H3})}
+    assert state_source(group) == (A, 2)  # A and B hold round 9's H2: the lowest key among equals
+    group[C] = (11, {8: H1, 9: H2, 10: H3})  # C finished round 10, which nobody else holds yet
+    assert state_source(group) == (A, 3)
+
+
+def test_a_member_alone_in_claiming_a_round_far_ahead_is_not_followed():
+    """One member that says it is 1,000 rounds ahead (a runaway that trained alone, or a
+    liar), with hashes copied from the others' history, is not where the state comes from."""
+    honest = {A: (10, {8: H1, 9: H2}), B: (10, {8: H1, 9: H2}), ME: (10, {8: H1, 9: H2})}
+    liar = {8: H1, 9: H2, 1009: H3}
+    assert state_source({**honest, C: (1010, liar)}) == (A, 4)  # C holds round 9's hash too
+    assert state_source({ME: (10, {9: H1}), C: (1010, liar)}) == (C, 1)  # nothing corroborated: furthest ahead
+
+
+def test_with_no_state_corroborated_the_member_furthest_ahead_is_the_source():
+    """A run's start (no hashes yet), or two members that ran apart: the furthest ahead, then the lowest key."""
+    assert state_source({ME: (0, {}), A: (0, {}), B: (0, {})}) == (A, 1)
+    assert state_source({ME: (3, {2: H1}), B: (7, {6: H2})}) == (B, 1)
+    assert state_source({ME: (3, {})}) == (ME, 1)
+
+
+def test_a_member_that_goes_back_to_an_earlier_round_leaves_no_hash_of_the_rounds_after():
+    view = GroupView(ME)
+    view.heard(A, _hello(round=50, hash=H1, hash_round=49, hashes=[[47, H1], [48, H2], [49, H1]]), now=0.0)
+    view.heard(A, _hello(round=10, hash=H3, hash_round=9, hashes=[[9, H3]]), now=1.0)  # it rejoined round 9's state
+    assert view.members[A].hashes == {9: H3}
+    assert state_source({ME: (10, {9: H3}), A: (10, view.members[A].hashes)}) == (A, 2)
