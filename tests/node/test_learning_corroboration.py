@@ -11,6 +11,7 @@ from contextlib import AsyncExitStack
 
 import torch
 import trio
+import trio.testing
 
 import meshd
 import meshd.learning as ml
@@ -99,3 +100,41 @@ async def test_a_member_that_trained_ahead_alone_goes_back_to_the_state_the_othe
             assert [t for t in opt.taken_states if t["peer"] == alone.peer_id.key] == []
         assert [opt.group.round for opt in opts] == [4, 4, 4]
         assert len({opt.group.hashes[3] for opt in opts}) == 1
+
+
+
+async def test_a_call_refused_by_a_member_behind_is_asked_again_once_its_hellos_say_it_came_near(tmp_path):
+    """A member that runs ahead has its parts refused by members two rounds behind ("not
+    current here").  Taking the round alone at once let it run further ahead, round
+    after round; it now waits for a hello saying the other works on the round before and
+    asks again.  It gives up at once on a member past the round, or on another refusal."""
+    from meshd.rpc import Unavailable
+
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 2, _config(tmp_path))
+        ahead, behind = (node.service("learning").join(GROUP, algorithm="diloco", rule="mean") for node in nodes)
+        behind.round = 2
+        behind.wake.set()
+        with trio.fail_after(10):
+            while ahead.view.members.get(behind.me) is None or ahead.view.members[behind.me].round != 2:
+                await ahead._heard.wait()
+        refused = Unavailable("round 5 is not current here (round 2)")
+        async with trio.open_nursery() as nursery:
+            asked_again = []
+
+            async def wait() -> None:
+                asked_again.append(await ahead._caught_up(behind.me, 5, refused))
+
+            nursery.start_soon(wait)
+            await trio.testing.wait_all_tasks_blocked()
+            assert asked_again == []  # round 2 still: it waits
+            behind.round = 4
+            behind.wake.set()
+        assert asked_again == [True]
+        assert not await ahead._caught_up(behind.me, 5, Unavailable("round 5 is over here"))
+        behind.round = 7
+        behind.wake.set()
+        with trio.fail_after(10):
+            while ahead.view.members[behind.me].round != 7:
+                await ahead._heard.wait()
+        assert not await ahead._caught_up(behind.me, 5, refused)  # past the round: no use asking

@@ -880,12 +880,36 @@ class Group:
 
         try:
             with exchange.call_to(reducer.key), trio.fail_after(timeout):
-                await _lane_or_quic(send, self._bulk.enabled)
+                while True:
+                    try:
+                        await _lane_or_quic(send, self._bulk.enabled)
+                        break
+                    except Unavailable as exc:
+                        if not await self._caught_up(reducer.key, exchange.key[0], exc):
+                            raise
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.info("group %s: round %d's slice %d to %s failed: %r", self.name, exchange.key[0], index,
                      reducer.short(), exc)
         finally:
             gone.set()
+
+    async def _caught_up(self, peer: bytes, round: int, refused: Unavailable) -> bool:
+        """After ``peer`` refused a call of ``round``: if it said that round is not current
+        there and it has not passed it (it is behind: a member that runs ahead must not
+        take the round for its own alone, and run further ahead), wait for a hello that
+        says it works on the round before or later and return True (ask again); else
+        False.  The caller bounds the wait."""
+        member = self.view.members.get(peer)
+        if member is None or not refused.message.startswith(f"round {round} is not current here"):
+            return False
+        refused_at = member.last_seen
+        while True:
+            member = self.view.members.get(peer)
+            if member is None or member.round > round + 1:
+                return False
+            if member.round >= round - 1 and member.last_seen > refused_at:
+                return True
+            await self._heard.wait()
 
     async def _fetch_reduced(self, exchange: Exchange, index: int, decode: Callable, place,
                              gone: trio.Event) -> None:
@@ -911,7 +935,13 @@ class Group:
                         return await self._receive(reducer, items, kind=f"reduced:{fragment}:{index}",
                                                    round=round_, with_used=True, into=into)
 
-                _, named, used = await _lane_or_quic(take, self._bulk.enabled)
+                while True:
+                    try:
+                        _, named, used = await _lane_or_quic(take, self._bulk.enabled)
+                        break
+                    except Unavailable as exc:
+                        if not await self._caught_up(reducer.key, round_, exc):
+                            raise
                 core.received_reduced(reducer.key, index, _decode_into(decode, named[0][1], place),
                                       subset_of(core.members, used))
         except (RpcError, trio.TooSlowError, OSError, ValueError) as exc:  # ValueError: CodecError, AllReduceError
