@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshd.learning")
 
 KEEP_ROUNDS = 4  # all-reduces and rosters kept (the latest), and how far from its own round a member answers
+NOT_CURRENT = "is not current here"  # how a member refuses a round too far from its own: "round R ..."
 _HELLO_MEMBERS = 32  # other members one hello names
 STATE_PROVIDERS = 3  # members a joining member asks for the state it takes over shard sync (the best one included)
 
@@ -900,7 +901,7 @@ class Group:
         says it works on the round before or later and return True (ask again); else
         False.  The caller bounds the wait."""
         member = self.view.members.get(peer)
-        if member is None or not refused.message.startswith(f"round {round} is not current here"):
+        if member is None or not refused.message.startswith(f"round {round} {NOT_CURRENT}"):
             return False
         refused_at = member.last_seen
         while True:
@@ -955,7 +956,7 @@ class Group:
         if len(key) != 2 or not all(type(k) is int and k >= 0 for k in key):
             raise InvalidArgument("key is [round, fragment]")
         if not self.round - 1 <= key[0] <= self.round + 1:
-            raise Unavailable(f"round {key[0]} is not current here (round {self.round})")
+            raise Unavailable(f"round {key[0]} {NOT_CURRENT} (round {self.round})")
         return key
 
     async def serve_part(self, peer: PeerId, head: object, items) -> dict:
