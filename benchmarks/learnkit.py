@@ -67,7 +67,8 @@ async def train_diloco(opts, models, data, steps: int, schedules=None) -> float:
     A member that takes a later round's state jumps to that round's step count: counting its
     own calls instead, it went on past the group's last round into one nobody else joined,
     and waited out its timeout.  At most twice ``steps`` calls, so a member that keeps
-    taking states still ends."""
+    taking states still ends.  Each member then calls ``settle``: one whose last
+    round came out otherwise takes the group's state."""
     async def train(m: int) -> None:
         x, y = data[m]
         step = 0
@@ -78,6 +79,7 @@ async def train_diloco(opts, models, data, steps: int, schedules=None) -> float:
             await opts[m].step(samples=BATCH)
             if schedules:
                 schedules[m].step()
+        await opts[m].settle()
 
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:

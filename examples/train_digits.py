@@ -71,6 +71,7 @@ async def train(args) -> None:
                               "missing": last.missing_values if own else None})
                 if stop_after is None and args.stop_file is not None and args.stop_file.exists():
                     stop_after = int(args.stop_file.read_text())
+        await opt.settle()  # a last round that came out otherwise here: the group's state, not ours
         report(args, {"done": True, "acc": accuracy(model, x_test, y_test), "resyncs": opt.resyncs,
                       "bytes_out": sum(opt.group.bytes_out.values())})
 

@@ -8,6 +8,7 @@
         for batch in loader:
             model(batch).loss.backward()
             await opt.step(samples=len(batch))
+        await opt.settle()      # end in the group's state
 
 ``GossipAverager`` is the other algorithm: ``await avg.step()`` after each
 round's local epochs.  Both need the node's ``learning`` service (on by

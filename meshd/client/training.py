@@ -363,6 +363,12 @@ class RemoteDiLoCo(_Remote):
             self._started = True
             self._take(await self._session.exchange({"start": {}}, tensors=False))
 
+    async def settle(self) -> None:
+        """After the last :meth:`step`: the daemon ends in the group's state
+        (:meth:`meshd.learning.DiLoCo.settle`), and the model holds it."""
+        await self.start()
+        self._take(await self._session.exchange({"settle": {}}, tensors=False))
+
     async def step(self, samples: int = 0) -> None:
         """One inner step (then ``zero_grad``); every ``inner_steps`` steps, the outer sync.
         SessionClosed once the session is over (before the inner step)."""

@@ -60,6 +60,20 @@ async def _everyone_knows_everyone(nodes, timeout=10.0) -> None:
                 await group._heard.wait()
 
 
+async def _trained_group(stack: AsyncExitStack, tmp_path, seeds: list[int], *, inner_steps: int, steps: int):
+    """In-process DiLoCo members of GROUP, one per model seed, that have trained ``steps``
+    steps together: (nodes, models, optimizers)."""
+    nodes = await open_nodes(stack, tmp_path, len(seeds), _config(tmp_path))
+    models = [_model(seed=seed) for seed in seeds]
+    opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05),
+                      group=GROUP, inner_steps=inner_steps) for node, model in zip(nodes, models)]
+    await _everyone_knows_everyone(nodes)
+    async with trio.open_nursery() as nursery:
+        for i, (opt, model) in enumerate(zip(opts, models)):
+            nursery.start_soon(_train, opt, model, steps, i)
+    return nodes, models, opts
+
+
 @pytest.mark.parametrize("compression, lanes", [("none", "all"), ("int8", "all"), ("none", "not n2")])
 async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path, compression, lanes):
     """Payloads go over the bulk lanes between members that have them, over QUIC to and from one that has none."""
@@ -302,14 +316,7 @@ async def test_a_gossip_round_merges_live_partners_parameters(tmp_path):
 
 async def test_learning_status_names_members_and_their_agreement(tmp_path):
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 2, _config(tmp_path))
-        models = [_model(seed=0) for _ in nodes]
-        opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05),
-                          group=GROUP, inner_steps=3) for node, model in zip(nodes, models)]
-        await _everyone_knows_everyone(nodes)
-        async with trio.open_nursery() as nursery:
-            for i, (opt, model) in enumerate(zip(opts, models)):
-                nursery.start_soon(_train, opt, model, 3, i)
+        nodes, models, opts = await _trained_group(stack, tmp_path, [0, 0], inner_steps=3, steps=3)
         control = nodes[0].service("learning").control_methods()
         [summary] = await control["learning.ls"]({}, None)
         assert summary["group"] == GROUP and summary["algorithm"] == "diloco" and summary["live"] == 2
@@ -436,3 +443,25 @@ async def test_a_member_off_the_roster_follows_the_round_to_the_same_state(tmp_p
                 nursery.start_soon(_train, opt, model, 2, i)
         assert [r.contributors for opt in opts for r in opt.reports] == [1, 1]
         assert opts[0].group.hash == opts[1].group.hash is not None
+
+
+async def test_settle_ends_a_member_whose_last_round_came_out_otherwise_in_the_groups_state(tmp_path):
+    """After the last step no later round's hash check puts a member right whose last
+    exchange came out otherwise (a slice it missed): ``settle`` takes the majority's state
+    then, and returns once it is applied.  A member that agrees takes nothing."""
+    async with AsyncExitStack() as stack:
+        _, _, opts = await _trained_group(stack, tmp_path, [0, 1, 2], inner_steps=5, steps=10)
+        off = opts[2]
+        with torch.no_grad():
+            for t in off.theta.values():
+                t.add_(1.0)  # its round 1 came out otherwise
+        off.group.publish_hash(1, state_hash(off.theta, off.outer.momentum))
+        off.group.wake.set()
+        taken = len(off.taken_states)
+
+        await off.settle()
+        await opts[0].settle()
+        assert len(off.taken_states) == taken + 1 and off.taken_states[-1]["round"] == 2
+        assert len({opt.group.hash for opt in opts}) == 1
+        assert all(torch.equal(off.theta[n], opts[0].theta[n]) for n in opts[0].theta)
+        assert opts[0].taken_states == [t for t in opts[0].taken_states if t["round"] == 0]

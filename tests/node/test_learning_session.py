@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,44 @@ async def test_a_shadow_that_cannot_be_made_or_mapped_falls_back_to_the_socket(t
             assert session.bytes_in > 0 and _files(tmp_path / "n") == []
             assert all(torch.equal(p.detach(), session.opt.theta[n]) for n, p in model.named_parameters())
             await opt.aclose()
+
+
+@MEMORY
+async def test_settle_through_the_daemon_hands_the_script_the_groups_state(tmp_path, shared):
+    """A script's member whose last round came out otherwise: ``settle`` has its daemon take
+    the group's state from the other two members and the script's model hold it."""
+    gen = torch.Generator().manual_seed(0)
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(meshd.open_node(tmp_path / "n0", listen="127.0.0.1:0",
+                                                                config=fast_config()))
+        nodes = [first]
+        for i in (1, 2):
+            node = await stack.enter_async_context(meshd.open_node(
+                tmp_path / f"n{i}", listen="127.0.0.1:0", config=fast_config(), bootstrap=[str(first.address)]))
+            await node.connect(first.address)
+            nodes.append(node)
+        client = await stack.enter_async_context(meshd.connect(tmp_path / "n2"))
+        models = [tiny_model(i) for i in range(3)]
+        opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.1), group="g",
+                          inner_steps=H) for node, model in zip(nodes[:2], models)]
+        opts.append(ml.DiLoCo(client, models[2], inner_opt=torch.optim.SGD(models[2].parameters(), lr=0.1),
+                              group="g", inner_steps=H, shared_memory=shared))
+        await opts[2].join()
+        groups = [node.service("learning").groups["g"] for node in nodes]
+        with trio.fail_after(10):
+            for group in groups:
+                while len(group.live()) < 3:
+                    await group._heard.wait()
+        async with trio.open_nursery() as nursery:
+            for opt, model in zip(opts, models):
+                nursery.start_soon(_steps, opt, model, 2 * H, gen)
+        member = nodes[2].service("learning").sessions["g"].opt
+        with torch.no_grad():
+            for t in member.theta.values():
+                t.add_(1.0)  # its last round came out otherwise
+        member.group.publish_hash(member.group.hash_round, state_hash(member.theta, member.outer.momentum))
+        member.group.wake.set()
+
+        await opts[2].settle()
+        assert opts[2].hash == opts[0].group.hash == member.group.hash
+        assert all(torch.equal(p.detach(), opts[0].theta[n]) for n, p in models[2].named_parameters())

@@ -154,7 +154,7 @@ class DiLoCo:
         self._offered: tuple[int, int] = (0, 0)  # (version, round) of the state offered last
         self.version = 0  # bumped whenever θ is written outside the inner step (an outer step, a resync)
         self._taken = 0  # states taken from others: an exchange begun before one is not applied after it
-        self._resyncing = False
+        self._resyncing: trio.Event | None = None  # set once the state being taken from a member is applied
         self._solo = False  # the last exchange used no contribution but this member's
         self._residual: dict[int, torch.Tensor] = {}  # error feedback, per fragment
         self._buffers: dict[int, torch.Tensor] = {}  # fragment -> its Δ vector, reused (the average lands in it)
@@ -193,6 +193,14 @@ class DiLoCo:
                 await done.wait()
                 del self._inflight[p]
                 await self._land(p, out, streaming=True)
+
+    async def settle(self) -> None:
+        """End a run in the group's state: wait (up to three heartbeats) for the live
+        members' hashes of this member's last round, and take the majority's state if
+        this member's differs (returning once it is applied).  Call it after the last
+        :meth:`step`: a member whose last exchange missed a slice the others had ends
+        that round with another θ, and no later round's check puts it right."""
+        await self._check_hash()
 
     # --- joining ---------------------------------------------------------------------------------
 
@@ -246,9 +254,10 @@ class DiLoCo:
         over ``learning.pull``: a publish's fixed cost (files, fsyncs, a manifest) is more
         than a small state's whole pull, and a member that takes longer to join falls
         behind a group whose rounds are short."""
-        if self._resyncing:
+        if self._resyncing is not None:  # one under way: its state, once applied, is the one to have
+            await self._resyncing.wait()
             return
-        self._resyncing = True
+        self._resyncing = trio.Event()
         started = time.perf_counter()
         size = 2 * sum(t.numel() * 4 for t in self.theta.values())  # θ and momentum, fp32
         shards = self.group.states is not None and size >= self._service.config.shard_sync_min_bytes
@@ -256,12 +265,13 @@ class DiLoCo:
             path, taken = "shards", await self._take_shards(peer) if shards else None
             if taken is None:
                 path, taken = "pull", await self._take_pull(peer)
+            if taken is not None:
+                while self._writing is not None:  # a worker thread is writing Δ or θ: apply after it
+                    await self._writing.wait()
+                self._apply(peer, *taken, path=path, seconds=time.perf_counter() - started)
         finally:
-            self._resyncing = False
-        if taken is not None:
-            while self._writing is not None:  # a worker thread is writing Δ or θ: apply after it
-                await self._writing.wait()
-            self._apply(peer, *taken, path=path, seconds=time.perf_counter() - started)
+            self._resyncing.set()
+            self._resyncing = None
 
     async def _take_shards(self, peer: bytes) -> tuple[int, dict, bytes] | None:
         """``peer``'s round, state and its hash over shard sync, checked against the hash it says;

@@ -43,6 +43,8 @@ bytes, dtype and shape; never pickled; checked by :class:`learn.tensorset.SetDec
   group's state (:meth:`DiLoCo.start`) and answers ``{"state": {...},
   "tensors": n}`` and n tensors: the values the script must hold before its
   first step (n = 0 if its own are the group's).
+* DiLoCo: ``{"settle": {}}`` after the last inner step: the daemon ends in
+  the group's state (:meth:`DiLoCo.settle`) and answers as to a start.
 * per outer sync (DiLoCo) or round (gossip) the script sends
   ``{"sync": {"steps": k, "samples": s}, "tensors": n}`` (``"step"`` for
   gossip) and its n tensors; the daemon takes the k inner steps' place in
@@ -269,8 +271,8 @@ class Session:
                 head = await channel.receive()
             except trio.EndOfChannel:
                 return
-            if self.algorithm == "diloco" and isinstance(head, dict) and head.keys() == {"start"}:
-                await self.opt.start()  # the group's state, if another member's
+            if self.algorithm == "diloco" and isinstance(head, dict) and head.keys() in ({"start"}, {"settle"}):
+                await (self.opt.start() if "start" in head else self.opt.settle())  # the group's state, if not ours
                 await self._answer(channel, replaced=False, changed=self.opt.version != self._version)
                 continue
             key = "sync" if self.algorithm == "diloco" else "step"
