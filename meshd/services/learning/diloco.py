@@ -315,12 +315,12 @@ class DiLoCo:
             log.warning("group %s: %s trains another model (parameter names differ)", group.name,
                         PeerId(peer).short())
             return
-        if round_ <= group.hash_round and not self._solo:  # behind us: taking it would redo an exchange we took part in
-            log.info("group %s: not taking round %d's state from %s: this member has finished round %d",
-                     group.name, round_, PeerId(peer).short(), group.hash_round)
-            return
-        if round_ <= group.hash_round:  # we trained ahead alone: the group's rounds from round_ are to come
-            group.rewind(round_)
+        if round_ <= group.hash_round:  # behind us
+            if not self._solo:  # taking it would redo an exchange we took part in
+                log.info("group %s: not taking round %d's state from %s: this member has finished round %d",
+                         group.name, round_, PeerId(peer).short(), group.hash_round)
+                return
+            group.rewind(round_)  # we trained ahead alone: the group's rounds from round_ are to come
         self._solo = False
         self.resyncs += self.group.hash is not None
         self.takes[path] += 1

@@ -881,18 +881,22 @@ class Group:
 
         try:
             with exchange.call_to(reducer.key), trio.fail_after(timeout):
-                while True:
-                    try:
-                        await _lane_or_quic(send, self._bulk.enabled)
-                        break
-                    except Unavailable as exc:
-                        if not await self._caught_up(reducer.key, exchange.key[0], exc):
-                            raise
+                await self._in_round(reducer.key, exchange.key[0], send)
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.info("group %s: round %d's slice %d to %s failed: %r", self.name, exchange.key[0], index,
                      reducer.short(), exc)
         finally:
             gone.set()
+
+    async def _in_round(self, peer: bytes, round: int, call: Callable[[bool], object]):
+        """``call`` to ``peer`` about ``round`` (:func:`_lane_or_quic`), asked again
+        while ``peer`` refuses it for not being in that round yet (:meth:`_caught_up`)."""
+        while True:
+            try:
+                return await _lane_or_quic(call, self._bulk.enabled)
+            except Unavailable as exc:
+                if not await self._caught_up(peer, round, exc):
+                    raise
 
     async def _caught_up(self, peer: bytes, round: int, refused: Unavailable) -> bool:
         """After ``peer`` refused a call of ``round``: if it said that round is not current
@@ -936,13 +940,7 @@ class Group:
                         return await self._receive(reducer, items, kind=f"reduced:{fragment}:{index}",
                                                    round=round_, with_used=True, into=into)
 
-                while True:
-                    try:
-                        _, named, used = await _lane_or_quic(take, self._bulk.enabled)
-                        break
-                    except Unavailable as exc:
-                        if not await self._caught_up(reducer.key, round_, exc):
-                            raise
+                _, named, used = await self._in_round(reducer.key, round_, take)
                 core.received_reduced(reducer.key, index, _decode_into(decode, named[0][1], place),
                                       subset_of(core.members, used))
         except (RpcError, trio.TooSlowError, OSError, ValueError) as exc:  # ValueError: CodecError, AllReduceError
