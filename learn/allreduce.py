@@ -263,7 +263,7 @@ class StreamingAllReduce(AllReduce):
 
     A contributor's part is *announced* with its weight (:meth:`announce`, as its
     signed head comes), streamed in with :meth:`add` and closed with
-    :meth:`part_done` once its digest is checked.  The weights are settled (bounded
+    :meth:`part_done` once it is whole.  The weights are settled (bounded
     by their median, as the mean rule does, and normalized) once every contributor
     that has not left has announced, or at the parts deadline over those that
     have; from then on announced parts are added as they come and later ones are

@@ -132,10 +132,14 @@ class Decoder:
     payload.  It may instead return a :class:`Sink`: each chunk is handed to it
     as it comes and kept nowhere, and the sink stands for the payload.
     Otherwise (or if it returns None) the chunks are joined at the end.
+    With ``digest=False`` it digests nothing (:meth:`digest` is then a
+    WireError): for a set that came straight from its author over a channel
+    that authenticates every byte, where checking the signed digest again
+    would cost a pass over every byte and catch nothing.
     A decoder that raised has refused its stream; it is not fed again.
     """
 
-    def __init__(self, limits: Limits = Limits(), *, into: Into | None = None):
+    def __init__(self, limits: Limits = Limits(), *, into: Into | None = None, digest: bool = True):
         self.limits = limits
         self._into = into
         self._names: set[str] = set()
@@ -145,7 +149,8 @@ class Decoder:
         self._buffer: memoryview | None = None  # the payload's own buffer, from ``into``
         self._sink: Sink | None = None  # ... or where its chunks go, from ``into``
         self._have = 0
-        self._hasher: blake3.blake3 | None = blake3.blake3()  # None once tensors came out of name order
+        self._digests = digest
+        self._hasher: blake3.blake3 | None = blake3.blake3() if digest else None  # None once out of name order
         self._last: str | None = None
 
     def feed(self, frame: object) -> list[tuple[str, Encoded]]:
@@ -247,7 +252,9 @@ class Decoder:
         """:func:`digest_of` the tensors this decoder completed (``named``, as it returned
         them): from the bytes as they came, while they were in cache, if the tensors
         came in name order, else over their payloads (which a :class:`Sink` does
-        not keep: WireError then)."""
+        not keep: WireError then), or if it was made with ``digest=False``."""
+        if not self._digests:
+            raise WireError("this decoder was told not to digest")
         if self._hasher is not None:
             return self._hasher.digest()
         if any(hasattr(enc.payload, "write") for _, enc in named):

@@ -109,13 +109,17 @@ async def test_a_call_refused_by_a_member_behind_is_asked_again_once_its_hellos_
     after round; it now waits for a hello saying the other works on the round before and
     asks again.  It gives up at once on a member past the round, or on another refusal."""
     from meshd.rpc import Unavailable
+    from meshd.services.learning import LearningSection
 
+    config = _config(tmp_path)  # no round runs here: a member is dead only after 30 s quiet, not 2 s, so a
+    config.learning = LearningSection(heartbeat_interval=0.2, discover_interval=0.5,  # loaded machine's stall
+                                      round_timeout_min=30.0)  # does not drop it from the view mid-test
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 2, _config(tmp_path))
+        nodes = await open_nodes(stack, tmp_path, 2, config)
         ahead, behind = (node.service("learning").join(GROUP, algorithm="diloco", rule="mean") for node in nodes)
         behind.round = 2
         behind.wake.set()
-        with trio.fail_after(10):
+        with trio.fail_after(30):
             while ahead.view.members.get(behind.me) is None or ahead.view.members[behind.me].round != 2:
                 await ahead._heard.wait()
         refused = Unavailable("round 5 is not current here (round 2)")
@@ -134,7 +138,7 @@ async def test_a_call_refused_by_a_member_behind_is_asked_again_once_its_hellos_
         assert not await ahead._caught_up(behind.me, 5, Unavailable("round 5 is over here"))
         behind.round = 7
         behind.wake.set()
-        with trio.fail_after(10):
+        with trio.fail_after(30):
             while ahead.view.members[behind.me].round != 7:
                 await ahead._heard.wait()
         assert not await ahead._caught_up(behind.me, 5, refused)  # past the round: no use asking

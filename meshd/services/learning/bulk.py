@@ -9,8 +9,8 @@ under a random ticket that only that peer is told, and the peer fetches
 them with :meth:`Bulk.fetch` from this node's lane server (token method
 ``learning.lane``).  The chunk ids are derived from the ticket
 (:func:`learn.wire.chunk_ids`), so nobody else can name them; the lane's
-AES-GCM keys come from the authenticated QUIC connection; and the receiver
-checks the whole set against the signed digest as it would over QUIC.
+AES-GCM keys come from the authenticated QUIC connection, so every byte
+is the lender's as surely as over QUIC.
 A peer without a direct path, or whose lane fails, gets the frames over
 QUIC (the caller retries without the lane).
 """

@@ -294,6 +294,18 @@ def test_a_decoders_digest_is_the_digest_of_what_it_decoded_in_any_order(named):
     assert decoder.digest(out) == digest_of(named)
 
 
+@given(tensor_sets())
+@settings(max_examples=30, deadline=None)
+def test_a_decoder_told_not_to_digest_decodes_the_same_and_refuses_to_give_a_digest(named):
+    """``digest=False`` (a set straight from its author over an authenticated channel) changes
+    what is decoded in nothing; asking it for a digest is an error, never a digest of nothing."""
+    decoder = Decoder(digest=False)
+    out = [item for frame in frames(named) for item in decoder.feed(frame)]
+    assert [(name, bytes(enc.payload)) for name, enc in out] == [(name, bytes(enc.payload)) for name, enc in named]
+    with pytest.raises(WireError, match="not to digest"):
+        decoder.digest(out)
+
+
 class _Collect:
     def __init__(self):
         self.writes = []
