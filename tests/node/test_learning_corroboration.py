@@ -111,9 +111,9 @@ async def test_a_call_refused_by_a_member_behind_is_asked_again_once_its_hellos_
     from meshd.rpc import Unavailable
     from meshd.services.learning import LearningSection
 
-    config = _config(tmp_path)  # no round runs here: a member is dead only after 30 s quiet, not 2 s, so a
-    config.learning = LearningSection(heartbeat_interval=0.2, discover_interval=0.5,  # loaded machine's stall
-                                      round_timeout_min=30.0)  # does not drop it from the view mid-test
+    config = _config(tmp_path)  # no round runs here: a member is dead after 3 heartbeats of silence, 15 s, not
+    config.learning = LearningSection(heartbeat_interval=5.0, discover_interval=0.5)  # 0.6 s, so a loaded
+    # machine's stall does not drop it from the view mid-test (hellos still go out at once on `wake`)
     async with AsyncExitStack() as stack:
         nodes = await open_nodes(stack, tmp_path, 2, config)
         ahead, behind = (node.service("learning").join(GROUP, algorithm="diloco", rule="mean") for node in nodes)

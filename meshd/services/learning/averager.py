@@ -70,7 +70,7 @@ class GossipAverager:
                 received[peer] = ({name: decode(enc) for name, enc in named}, contribution.samples)
                 round_.received(peer, received[peer], trio.current_time())
             except (RpcError, trio.TooSlowError, OSError) as exc:
-                log.debug("group %s: no parameters from %s: %s", group.name, PeerId(peer).short(), exc)
+                log.debug("%s: no parameters from %s: %s", group.tag, PeerId(peer).short(), exc)
                 round_.failed(peer)
 
         async with trio.open_nursery() as nursery:

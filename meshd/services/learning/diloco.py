@@ -283,8 +283,8 @@ class DiLoCo:
             if await trio.to_thread.run_sync(state_hash, theta, momentum) != digest:
                 raise ValueError("the tensors do not match the hash it says")
         except Exception as exc:  # noqa: BLE001  (whatever failed, learning.pull is the way left)
-            log.warning("group %s: could not take the state of %s over shard sync (%s: %s); pulling it",
-                        group.name, PeerId(peer).short(), type(exc).__name__, exc)
+            log.warning("%s: could not take the state of %s over shard sync (%s: %s); pulling it",
+                        group.tag, PeerId(peer).short(), type(exc).__name__, exc)
             return None
         return round_, tensors, digest
 
@@ -295,7 +295,7 @@ class DiLoCo:
         try:
             contribution, named = await group.pull(PeerId(peer), "state", timeout=group.clock.timeout())
         except (RpcError, trio.TooSlowError, OSError) as exc:
-            log.warning("group %s: could not take the state of %s: %s", group.name, PeerId(peer).short(), exc)
+            log.warning("%s: could not take the state of %s: %s", group.tag, PeerId(peer).short(), exc)
             return None
         tensors = {name: decode(enc) for name, enc in named}
         return contribution.round, tensors, await trio.to_thread.run_sync(state_hash, *_split(tensors))
@@ -312,13 +312,13 @@ class DiLoCo:
         group = self.group
         theta, momentum = _split(tensors)
         if set(theta) != set(self.theta):
-            log.warning("group %s: %s trains another model (parameter names differ)", group.name,
+            log.warning("%s: %s trains another model (parameter names differ)", group.tag,
                         PeerId(peer).short())
             return
         if round_ <= group.hash_round:  # behind us
             if not self._solo:  # taking it would redo an exchange we took part in
-                log.info("group %s: not taking round %d's state from %s: this member has finished round %d",
-                         group.name, round_, PeerId(peer).short(), group.hash_round)
+                log.info("%s: not taking round %d's state from %s: this member has finished round %d",
+                         group.tag, round_, PeerId(peer).short(), group.hash_round)
                 return
             group.rewind(round_)  # we trained ahead alone: the group's rounds from round_ are to come
         self._solo = False
@@ -339,7 +339,7 @@ class DiLoCo:
         group.publish_hash(round_ - 1, digest)
         self._offer_state()
         _trim()  # the state left behind, freed now: back to the system before the next exchange peaks
-        log.info("group %s: took round %d's state from %s (%s, %.3f s)", group.name, round_, PeerId(peer).short(),
+        log.info("%s: took round %d's state from %s (%s, %.3f s)", group.tag, round_, PeerId(peer).short(),
                  path, seconds)
         if self._syncing is not None and round_ == self._sync_round:  # its outcome steps this state
             return
@@ -414,7 +414,7 @@ class DiLoCo:
             except Exception as exc:  # noqa: BLE001  (raised by the sync if it still waits, else logged)
                 result["error"] = exc
                 if self._taken != taken:
-                    log.info("group %s: round %d's exchange, moot here, failed: %r", self.group.name, round_, exc)
+                    log.info("%s: round %d's exchange, moot here, failed: %r", self.group.tag, round_, exc)
             finally:
                 ended.set()
 
@@ -552,8 +552,8 @@ class DiLoCo:
             if group.view.members[source].round > group.round + 1:
                 peer = source
             elif self._solo and corroborated and not group.holds(source):
-                log.info("group %s: this member's rounds were its own alone: back to %s's state",
-                         group.name, PeerId(source).short())
+                log.info("%s: this member's rounds were its own alone: back to %s's state",
+                         group.tag, PeerId(source).short())
                 peer = source
         if peer is not None:
             await self._resync(peer)

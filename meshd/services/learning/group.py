@@ -126,6 +126,7 @@ class Group:
         self._config = config
         self.name, self.algorithm, self.rule = name, algorithm, rule
         self.me = self._host.peer_id.key
+        self.tag = f"group {name} at {self._host.peer_id.short()}"  # what its log lines start with
         self.view = GroupView(self.me, heartbeat_interval=config.heartbeat_interval,
                               min_timeout=3 * config.heartbeat_interval)
         self.clock = RoundClock(floor=config.round_timeout_min, ceiling=config.round_timeout_max)
@@ -218,7 +219,7 @@ class Group:
                 reply = await self._host.rpc.call(peer, "learning.hello", self.hello())
             self.hello_from(peer, reply)
         except (RpcError, trio.TooSlowError, OSError) as exc:
-            log.debug("group %s: no hello from %s: %s", self.name, peer.short(), exc)
+            log.debug("%s: no hello from %s: %s", self.tag, peer.short(), exc)
             if isinstance(exc, NotFound) or not live:
                 self._heard_of.discard(peer.key)
                 self.view.drop(peer.key)
@@ -236,7 +237,7 @@ class Group:
                 try:
                     await self._host.rpc.call(PeerId(peer), "learning.bye", arg)
                 except (RpcError, OSError) as exc:
-                    log.debug("group %s: no goodbye to %s: %s", self.name, PeerId(peer).short(), exc)
+                    log.debug("%s: no goodbye to %s: %s", self.tag, PeerId(peer).short(), exc)
 
         async with trio.open_nursery() as nursery:
             for peer in self.to_greet():
@@ -261,7 +262,7 @@ class Group:
                 self._lose(exchange, peer.key)
         self._heard.set()  # the view changed: what waits on it looks again
         self._heard = trio.Event()
-        log.info("group %s: %s left (from round %d on)", self.name, peer.short(), round_)
+        log.info("%s: %s left (from round %d on)", self.tag, peer.short(), round_)
 
     def _lose(self, exchange: Exchange, peer: bytes) -> None:
         """Stop waiting in ``exchange`` for ``peer``, which left: its part, its slice, its fetch."""
@@ -475,7 +476,7 @@ class Group:
                 replies[peer] = _check_state(await self._host.rpc.call(PeerId(peer), "learning.state", arg,
                                                                        timeout=timeout))
             except (RpcError, OSError) as exc:
-                log.info("group %s: %s publishes no state: %s", self.name, PeerId(peer).short(), exc)
+                log.info("%s: %s publishes no state: %s", self.tag, PeerId(peer).short(), exc)
 
         with trio.fail_after(timeout):
             async with trio.open_nursery() as nursery:
@@ -514,7 +515,7 @@ class Group:
                 if roster is None:
                     await self._hear_the_lately_quiet()
                     roster = self.contributors(round)
-                    log.debug("group %s: fixed round %d's roster: %d members", self.name, round, len(roster))
+                    log.debug("%s: fixed round %d's roster: %d members", self.tag, round, len(roster))
                 self._rosters[round] = roster
                 while len(self._rosters) > KEEP_ROUNDS:
                     del self._rosters[min(self._rosters)]
@@ -583,10 +584,10 @@ class Group:
                     return self._check_roster(await self._while_heard(
                         peer, self._host.rpc.call, PeerId(peer), "learning.roster", arg))
             except (NotFound, InvalidArgument, PermissionDenied) as exc:  # it will not give one: next
-                log.debug("group %s: %s gives no roster of round %d: %s", self.name, PeerId(peer).short(), round, exc)
+                log.debug("%s: %s gives no roster of round %d: %s", self.tag, PeerId(peer).short(), round, exc)
                 return None
             except (RpcError, trio.TooSlowError, OSError) as exc:
-                log.info("group %s: no roster of round %d from %s yet: %r", self.name, round, PeerId(peer).short(), exc)
+                log.info("%s: no roster of round %d from %s yet: %r", self.tag, round, PeerId(peer).short(), exc)
             if peer not in self.view.live(trio.current_time()):
                 self.view.drop(peer)
                 return None
@@ -784,7 +785,7 @@ class Group:
             while offer.readers:
                 await exchange.sent.wait()
         if offer.readers:
-            log.info("group %s: round %d's slice given back with %d sends of it under way", self.name,
+            log.info("%s: round %d's slice given back with %d sends of it under way", self.tag,
                      exchange.key[0], offer.readers)
 
     @staticmethod
@@ -856,8 +857,8 @@ class Group:
         clipped = self.clipped[member]
         if member not in self.suspects and suspect(clipped, self.used[member]):
             self.suspects.add(member)
-            log.warning("group %s: %s's contributions were clipped in %d of %d rounds: a bad or broken member?",
-                        self.name, PeerId(member).short(), clipped, self.used[member])
+            log.warning("%s: %s's contributions were clipped in %d of %d rounds: a bad or broken member?",
+                        self.tag, PeerId(member).short(), clipped, self.used[member])
 
     async def _send_part(self, exchange: Exchange, index: int, encoded, samples: int, timeout: float,
                          gone: trio.Event) -> None:
@@ -883,7 +884,7 @@ class Group:
             with exchange.call_to(reducer.key), trio.fail_after(timeout):
                 await self._in_round(reducer.key, exchange.key[0], send)
         except (RpcError, trio.TooSlowError, OSError) as exc:
-            log.info("group %s: round %d's slice %d to %s failed: %r", self.name, exchange.key[0], index,
+            log.info("%s: round %d's slice %d to %s failed: %r", self.tag, exchange.key[0], index,
                      reducer.short(), exc)
         finally:
             gone.set()
@@ -944,7 +945,7 @@ class Group:
                 core.received_reduced(reducer.key, index, _decode_into(decode, named[0][1], place),
                                       subset_of(core.members, used))
         except (RpcError, trio.TooSlowError, OSError, ValueError) as exc:  # ValueError: CodecError, AllReduceError
-            log.info("group %s: no reduced slice %d of round %d from %s: %r", self.name, index, round_,
+            log.info("%s: no reduced slice %d of round %d from %s: %r", self.tag, index, round_,
                      reducer.short(), exc)
 
     def _current_key(self, arg: object) -> tuple[int, int]:

@@ -139,7 +139,7 @@ class Membership:
         owner = choose_owner(self.owner, [o for p, o in self._named.items() if p in live], live) or self.me
         if owner != self.owner:
             if self.owner is not None:
-                log.info("group %s: membership document moves to %s's", group.name, PeerId(owner).short())
+                log.info("%s: membership document moves to %s's", group.tag, PeerId(owner).short())
             self.owner, self.replica = owner, None
             group.announce["doc"] = owner
             self.refresh.reset()
@@ -149,7 +149,7 @@ class Membership:
                 self.replica = await open_registry(self._docs, ref)
             except Exception as exc:  # noqa: BLE001  (the crdt service's DocError and RPC failures: advisory)
                 self.note = f"cannot open the membership document {ref}: {exc}"
-                log.info("group %s: %s", group.name, self.note)
+                log.info("%s: %s", group.tag, self.note)
                 return
         if owner == self.me:
             doc = self.replica.doc
@@ -197,7 +197,7 @@ class Membership:
             self._docs.write(self.replica, fill)
         except Exception as exc:  # noqa: BLE001  (the crdt service's DocError: a full disk, access taken away)
             self.note = f"{what} not written to {self.ref}: {exc}"
-            log.info("group %s: %s", self.group.name, self.note)
+            log.info("%s: %s", self.group.tag, self.note)
             return False
         return True
 

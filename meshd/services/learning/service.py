@@ -194,7 +194,7 @@ class Learning:
                             for contact in await self._providers.find_providers(key, self.config.max_members):
                                 group.heard_of(contact.public_key)
                         except DhtError as exc:
-                            log.debug("group %s: provider lookup failed: %s", group.name, exc)
+                            log.debug("%s: provider lookup failed: %s", group.tag, exc)
                     due = [peer for peer in group.to_greet() if peer not in greeting]
                     greeting.update(due)
                     if group.settled.is_set():

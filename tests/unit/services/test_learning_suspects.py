@@ -22,4 +22,6 @@ def test_a_member_clipped_in_most_of_its_rounds_is_reported_once(tmp_path, caplo
                 group.used[member] += 1
                 group._suspect(member)
     assert group.suspects == {bad}
-    assert len([r for r in caplog.records if "clipped in" in r.getMessage()]) == 1
+    reports = [r.getMessage() for r in caplog.records if "clipped in" in r.getMessage()]
+    assert len(reports) == 1
+    assert reports[0].startswith(f"group run42 at {host.peer_id.short()}: ")  # which member says it
