@@ -48,6 +48,7 @@ log = logging.getLogger("meshd.learning")
 
 KEEP_ROUNDS = 4  # all-reduces and rosters kept (the latest), and how far from its own round a member answers
 NOT_CURRENT = "is not current here"  # how a member refuses a round too far from its own: "round R ..."
+OVER = "is over here"  # ... and one it is done with, or went past without taking part: "round R ..."
 _HELLO_MEMBERS = 32  # other members one hello names
 STATE_PROVIDERS = 3  # members a joining member asks for the state it takes over shard sync (the best one included)
 
@@ -90,6 +91,7 @@ class Exchange:
     used: list = dc_field(default_factory=list)  # the contributors the reduction used
     offer: Offer | None = None  # the reduced slice, signed, for learning.reduced
     reduced: trio.Event = dc_field(default_factory=trio.Event)
+    result_at: float = 0.0  # when the last slice this member needed came (its own reduced, or one fetched)
     served: set = dc_field(default_factory=set)  # members the reduced slice went to
     served_all: trio.Event = dc_field(default_factory=trio.Event)  # ... every other member on the roster
     sent: trio.Event = dc_field(default_factory=trio.Event)  # set (and replaced) as each send of it ends
@@ -760,7 +762,11 @@ class Group:
             await self._release_reduced(exchange, core.reduced(core.index)[0], core.deadline)
         exchange.over, exchange.core = True, None  # keep the offer, not the vectors
         missing = core.missing_parts()
-        self.clock.observe(trio.current_time() - started, complete=not missing and used_by_any >= set(members))
+        # How long the round took this member: until its last slice came, not until the others had
+        # fetched its own (a member that left the round never does: that wait runs to the deadline,
+        # and counting it made each such round's timeout the next one's measure, 3x: 30 -> 90 -> 270 s)
+        self.clock.observe(max(exchange.result_at, started) - started,
+                           complete=not missing and used_by_any >= set(members))
         return out, [ranges[i] for i in missing], used_by_any
 
     async def _release_reduced(self, exchange: Exchange, value, deadline: float) -> None:
@@ -801,6 +807,17 @@ class Group:
         elif error is not None:
             error.zero_()
         return encoded
+
+    def _asked_exchange(self, key: tuple) -> Exchange:
+        """The exchange ``key`` a peer's part or slice request names (see
+        :meth:`_current_key`), made if new; Unavailable at once if this member went past
+        that round without taking part in it (it finished its run, or took a later
+        state): it never will, and a peer still in that round must not wait out the
+        round's timeout for it."""
+        exchange = self._exchanges.get(key)
+        if key[0] < self.round and (exchange is None or (exchange.core is None and not exchange.over)):
+            raise Unavailable(f"round {key[0]} {OVER}")
+        return self._exchange(key)
 
     def _exchange(self, key: tuple) -> Exchange:
         exchange = self._exchanges.get(key)
@@ -848,6 +865,7 @@ class Group:
         round_, fragment = exchange.key
         exchange.offer = self._sign(round_, f"reduced:{fragment}:{core.index}", [("slice", encoded)], 0)
         exchange.used = used
+        exchange.result_at = max(exchange.result_at, trio.current_time())
         exchange.reduced.set()
 
     def _suspect(self, member: bytes) -> None:
@@ -944,6 +962,7 @@ class Group:
                 _, named, used = await self._in_round(reducer.key, round_, take)
                 core.received_reduced(reducer.key, index, _decode_into(decode, named[0][1], place),
                                       subset_of(core.members, used))
+                exchange.result_at = max(exchange.result_at, trio.current_time())
         except (RpcError, trio.TooSlowError, OSError, ValueError) as exc:  # ValueError: CodecError, AllReduceError
             log.info("%s: no reduced slice %d of round %d from %s: %r", self.tag, index, round_,
                      reducer.short(), exc)
@@ -971,7 +990,7 @@ class Group:
         key = self._current_key(head)
         roster = field(head, "roster", bytes)
         index = field(head, "index", int)
-        exchange = self._exchange(key)
+        exchange = self._asked_exchange(key)
         if exchange.core is None and not exchange.over:
             with trio.move_on_after(self.clock.timeout() / 2):
                 await exchange.started.wait()
@@ -991,7 +1010,7 @@ class Group:
         except CodecError as exc:
             raise InvalidArgument(f"bad part: {exc}") from None
         if exchange.over:
-            raise Unavailable(f"round {key[0]} is over here")
+            raise Unavailable(f"round {key[0]} {OVER}")
         if exchange.core is None:  # it came before this member reached the round: keep it for then
             if len(exchange.early) >= self._config.max_members:
                 raise Unavailable("too many parts wait for this member to reach the round")
@@ -1053,10 +1072,11 @@ class Group:
 
     async def serve_reduced(self, peer: PeerId, arg: object) -> AsyncIterator[dict]:
         """Send this member's reduced slice of exchange ``key`` once it has one (waiting for it a while)."""
-        exchange = self._exchange(self._current_key(arg))  # perhaps asked before this member reached the round
+        exchange = self._asked_exchange(self._current_key(arg))  # perhaps before this member reached the round
         self.seen(peer.key)
-        with trio.move_on_after(2 * self.clock.timeout()):
-            await exchange.reduced.wait()
+        if not exchange.over:  # (once it is, the slice is here or never will be)
+            with trio.move_on_after(2 * self.clock.timeout()):
+                await exchange.reduced.wait()
         offer = exchange.offer
         if offer is None:
             raise Unavailable(f"exchange {list(exchange.key)} is not reduced here")

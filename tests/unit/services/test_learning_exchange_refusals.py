@@ -35,3 +35,26 @@ async def test_exchanges_outside_the_current_rounds_or_malformed_are_refused(tmp
     with pytest.raises(error):
         await _drain(group.serve_reduced(PEER, {"group": "run42", "key": key}))
     assert not group._exchanges  # a refused request keeps nothing
+
+
+def _patient_group(tmp_path) -> Group:
+    config = LearningSection(round_timeout_min=600.0, round_timeout_max=600.0)  # a wait would be 10 minutes
+    host = FakeHost(tmp_path)
+    return Group(host, config, "run42", algorithm="diloco", rule="mean", bulk=Bulk(host, enabled=False))
+
+
+async def test_a_round_this_member_went_past_without_it_is_refused_at_once_not_waited_for(tmp_path):
+    """A member that finished its run (or took a later state) never takes part in an earlier
+    round: a member still in it that asks for its slice, or sends it a part, hears so at once
+    instead of waiting out the round's timeout (the stall of learning_robust, 2026-11-27)."""
+    import trio
+
+    group = _patient_group(tmp_path)
+    group.round = 3
+    with trio.fail_after(1):
+        with pytest.raises(Unavailable, match="round 2 is over here"):
+            await _drain(group.serve_reduced(PEER, {"group": "run42", "key": [2, 0]}))
+        with pytest.raises(Unavailable, match="round 2 is over here"):
+            await group.serve_part(PEER, {"group": "run42", "key": [2, 0], "roster": b"\0" * 32, "index": 0},
+                                   items=None)
+    assert not group._exchanges  # nothing kept for it
