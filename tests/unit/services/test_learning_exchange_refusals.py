@@ -58,3 +58,27 @@ async def test_a_round_this_member_went_past_without_it_is_refused_at_once_not_w
             await group.serve_part(PEER, {"group": "run42", "key": [2, 0], "roster": b"\0" * 32, "index": 0},
                                    items=None)
     assert not group._exchanges  # nothing kept for it
+
+
+async def _items(*frames):
+    for frame in frames:
+        yield frame
+
+
+async def test_a_tensor_set_is_taken_only_from_its_author_at_the_other_end(tmp_path):
+    """A receiver does not hash the tensors against the signed digest (the channel to the
+    author authenticates every byte), so it must refuse, before reading any tensor, a set
+    whose author is not the peer sending it, even one its author really signed, or one
+    whose signature is not its author's."""
+    from learn.wire import Contribution
+
+    group = _patient_group(tmp_path)
+    author, sender = Identity.generate(), Identity.generate()
+    contribution = Contribution("run42", 0, author.peer_id.key, "params", 1, b"\1" * 32)
+    relayed = {"contribution": contribution.to_wire(), "signature": contribution.sign(author.sign)}
+    with pytest.raises(InvalidArgument, match="not signed by its sender"):
+        await group._receive(sender.peer_id, _items(relayed), kind="params")
+    forged = {"contribution": contribution.to_wire(), "signature": contribution.sign(sender.sign)}
+    with pytest.raises(InvalidArgument, match="not signed by its sender"):
+        await group._receive(author.peer_id, _items(forged), kind="params")
+    assert author.peer_id.key not in group.view.members  # nothing from either counts as hearing the author
