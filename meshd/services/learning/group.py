@@ -192,6 +192,9 @@ class Group:
         self._heard_of.discard(peer.key)
         self._heard.set()
         self._heard = trio.Event()
+        for exchange in list(self._exchanges.values()):  # it may have moved past a round that waits for it
+            if exchange.core is not None and peer.key in exchange.roster and not exchange.served_all.is_set():
+                self._check_served(exchange)
         others = info.get("members")
         if isinstance(others, list):
             for other in others[:_HELLO_MEMBERS]:
@@ -1093,8 +1096,12 @@ class Group:
         self._check_served(exchange)
 
     def _check_served(self, exchange: Exchange) -> None:
-        """Note when every other member on the roster has this member's reduced slice (or left)."""
-        if exchange.served | exchange.left >= set(exchange.roster) - {self.me}:
+        """Note when every other member on the roster has this member's reduced slice, left,
+        or says it works on a later round: it is done with this one, or took a later state
+        and never fetches (waiting for it ran this member's round to its deadline)."""
+        members, round_ = self.view.members, exchange.key[0]
+        past = {key for key in exchange.roster if (member := members.get(key)) is not None and member.round > round_}
+        if exchange.served | exchange.left | past >= set(exchange.roster) - {self.me}:
             exchange.served_all.set()
 
     # --- moving signed tensor sets -----------------------------------------------------------
