@@ -123,8 +123,7 @@ Into = Callable[[str, str, int], "memoryview | Sink | None"]
 
 
 class Decoder:
-    """Rebuilds (name, Encoded) pairs from frames, checking each against the limits,
-    and digests them as they come (:meth:`digest`).
+    """Rebuilds (name, Encoded) pairs from frames, checking each against the limits.
 
     ``into(name, codec, nbytes)``, if given, may return a writable buffer of
     exactly ``nbytes`` for a tensor's payload (a receiver's own, reused
@@ -132,14 +131,14 @@ class Decoder:
     payload.  It may instead return a :class:`Sink`: each chunk is handed to it
     as it comes and kept nowhere, and the sink stands for the payload.
     Otherwise (or if it returns None) the chunks are joined at the end.
-    With ``digest=False`` it digests nothing (:meth:`digest` is then a
-    WireError): for a set that came straight from its author over a channel
-    that authenticates every byte, where checking the signed digest again
-    would cost a pass over every byte and catch nothing.
+    It does not hash what it decodes: every receiver takes a set straight
+    from its author over a channel that authenticates every byte.  One that
+    takes a copy passed on by someone else checks :func:`digest_of` the
+    tensors it decoded against the signed digest.
     A decoder that raised has refused its stream; it is not fed again.
     """
 
-    def __init__(self, limits: Limits = Limits(), *, into: Into | None = None, digest: bool = True):
+    def __init__(self, limits: Limits = Limits(), *, into: Into | None = None):
         self.limits = limits
         self._into = into
         self._names: set[str] = set()
@@ -149,9 +148,6 @@ class Decoder:
         self._buffer: memoryview | None = None  # the payload's own buffer, from ``into``
         self._sink: Sink | None = None  # ... or where its chunks go, from ``into``
         self._have = 0
-        self._digests = digest
-        self._hasher: blake3.blake3 | None = blake3.blake3() if digest else None  # None once out of name order
-        self._last: str | None = None
 
     def feed(self, frame: object) -> list[tuple[str, Encoded]]:
         """Take one frame; returns the tensors it completed (none or one).
@@ -179,8 +175,6 @@ class Decoder:
         self._have += n
         if self._have > self._head["bytes"]:
             raise WireError(f"tensor {self._head['t']!r} has more bytes than announced")
-        if self._hasher is not None:
-            self._hasher.update(chunk)
         if self._sink is not None:
             self._sink.write(at, memoryview(chunk).cast("B"))
         elif self._buffer is not None:
@@ -220,12 +214,6 @@ class Decoder:
         self._names.add(name)
         self._head = {"t": name, "codec": codec, "dtype": dtype, "shape": tuple(shape), "block": block,
                       "bytes": size}
-        if self._hasher is not None and (self._last is None or name > self._last):
-            header = msgpack.packb([name, codec, dtype, list(shape), block, size])
-            self._hasher.update(len(header).to_bytes(4, "little") + header)
-        else:  # digest_of hashes in name order: :meth:`digest` does it over the payloads
-            self._hasher = None
-        self._last = name
         buffer = self._into(name, codec, size) if self._into is not None and size else None
         if hasattr(buffer, "write"):
             self._sink = buffer
@@ -247,19 +235,6 @@ class Decoder:
         """Raise WireError if the stream ended inside a tensor."""
         if self._head is not None:
             raise WireError(f"tensor {self._head['t']!r} ended early")
-
-    def digest(self, named: list[tuple[str, Encoded]]) -> bytes:
-        """:func:`digest_of` the tensors this decoder completed (``named``, as it returned
-        them): from the bytes as they came, while they were in cache, if the tensors
-        came in name order, else over their payloads (which a :class:`Sink` does
-        not keep: WireError then), or if it was made with ``digest=False``."""
-        if not self._digests:
-            raise WireError("this decoder was told not to digest")
-        if self._hasher is not None:
-            return self._hasher.digest()
-        if any(hasattr(enc.payload, "write") for _, enc in named):
-            raise WireError("tensors streamed into a sink come in name order")
-        return digest_of(named)
 
 
 def roster_digest(members: list[bytes]) -> bytes:

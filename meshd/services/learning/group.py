@@ -1165,7 +1165,7 @@ class Group:
                 raise InvalidArgument(f"expected round {round}, not {contribution.round}")
             if before is not None:
                 await before(contribution)
-            decoder = Decoder(self.limits, into=into or _fresh, digest=False)
+            decoder = Decoder(self.limits, into=into or _fresh)
             named: list = []
             if "lane" in head:
                 named = await self._receive_lent(peer, head, items, decoder)
