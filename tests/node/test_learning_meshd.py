@@ -465,3 +465,67 @@ async def test_settle_ends_a_member_whose_last_round_came_out_otherwise_in_the_g
         assert len({opt.group.hash for opt in opts}) == 1
         assert all(torch.equal(off.theta[n], opts[0].theta[n]) for n in opts[0].theta)
         assert opts[0].taken_states == [t for t in opts[0].taken_states if t["round"] == 0]
+
+
+async def test_a_state_taken_is_offered_on_under_its_own_round(tmp_path):
+    """A member that takes round 5's state (it was behind, at round 1) hands that state out
+    as round 5's, to ``learning.pull`` and to shard sync alike.  (It was offered under the
+    round the member had left: a straggler syncing that round took it as one its own
+    exchange's outcome was to step, waited for parts the group never sent, and stalled
+    learning_robust to its parts deadline.)"""
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 2, _config(tmp_path))
+        model = _model(seed=0)
+        opt = ml.DiLoCo(nodes[0], model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                        inner_steps=2)
+        await _train(opt, model, 2, seed=0)  # round 0 alone
+        assert opt.group.round == 1
+        taken = {**{f"theta/{n}": torch.full_like(t, 3.0) for n, t in opt.theta.items()},
+                 **{f"momentum/{n}": torch.zeros_like(t) for n, t in opt.theta.items()}}
+        opt._solo = False  # a member of a group, not one that trained ahead alone
+        opt._apply(b"\x01" * 32, 5, dict(taken), _hash(taken), path="pull", seconds=0.0)
+        assert opt.group.round == 5
+        async for frame in opt.group.serve_pull(nodes[1].peer_id, "state", lane=False):
+            assert frame["contribution"]["round"] == 5
+            break
+        version, round_, tensors, hash_of = opt._shared_state()
+        assert round_ == 5 and hash_of() == _hash(taken)
+
+
+async def test_a_sync_the_group_left_behind_ends_once_a_later_state_is_taken(tmp_path):
+    """A member syncing round r whose group works two rounds ahead takes a state from it; one
+    of round r itself (its outcome would step it, but the group never sends round r's parts)
+    leaves the sync waiting, so it asks again until a later round's state ends the wait,
+    rather than sitting out the parts deadline."""
+    async with AsyncExitStack() as stack:
+        node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
+        model = _model(seed=0)
+        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                        inner_steps=2)
+        await _train(opt, model, 2, seed=0)  # round 0 alone
+        taken = {**{f"theta/{n}": torch.full_like(t, 3.0) for n, t in opt.theta.items()},
+                 **{f"momentum/{n}": torch.zeros_like(t) for n, t in opt.theta.items()}}
+        rounds = [1, 3]  # the state each ask takes: round 1's (the round being synced), then round 3's
+        asked = []
+
+        async def never_ends(round_, p, delta, samples):  # the group never sends this round's parts
+            await trio.sleep_forever()
+
+        async def ahead_of(round_):
+            await trio.lowlevel.checkpoint()
+            return b"\x01" * 32
+
+        async def resync(peer):
+            asked.append(rounds[0])
+            opt._apply(peer, rounds.pop(0), dict(taken), _hash(taken), path="pull", seconds=0.0)
+
+        async def next_hello():
+            await trio.lowlevel.checkpoint()
+
+        opt._exchange, opt._resync = never_ends, resync
+        opt.group.ahead_of, opt.group.next_hello = ahead_of, next_hello
+        with trio.fail_after(10):
+            await _train(opt, model, 2, seed=1)  # round 1's sync
+        assert asked == [1, 3]
+        assert (opt.group.round, opt.steps) == (3, 6)
+        assert all(torch.equal(p, torch.full_like(p, 3.0)) for p in model.parameters())

@@ -223,13 +223,15 @@ class DiLoCo:
             group.joined = group.round
             group.wake.set()
 
-    def _offer_state(self, *, hashed: bool = True) -> None:
-        """Offer θ and the momentum as they are to ``learning.pull``.  ``hashed``: they are the
+    def _offer_state(self, round_: int | None = None, *, hashed: bool = True) -> None:
+        """Offer θ and the momentum as they are to ``learning.pull``, as the state of
+        ``round_`` (default: the round this member works on).  ``hashed``: they are the
         state whose hash this member published (not so between a fragment's outer step and
         its round's end)."""
+        round_ = self.group.round if round_ is None else round_
         named = [(n, encode(t, "none")) for n, t in sorted(_joined(self.theta, self.outer.momentum).items())]
-        self.group.offer("state", self.group.round, named)
-        self._offered = (self.version if hashed else -1, self.group.round)
+        self.group.offer("state", round_, named)
+        self._offered = (self.version if hashed else -1, round_)
 
     def _shared_state(self) -> tuple:
         """The state a joining member takes over shard sync, as ``learning.state`` publishes it:
@@ -337,7 +339,7 @@ class DiLoCo:
         self.version += 1
         group.wake.set()  # say so now, not at the next heartbeat
         group.publish_hash(round_ - 1, digest)
-        self._offer_state()
+        self._offer_state(round_)  # this state's round, whatever this member's was
         _trim()  # the state left behind, freed now: back to the system before the next exchange peaks
         log.info("%s: took round %d's state from %s (%s, %.3f s)", group.tag, round_, PeerId(peer).short(),
                  path, seconds)
@@ -418,8 +420,10 @@ class DiLoCo:
             finally:
                 ended.set()
 
-        async def catch_up() -> None:  # the group left this round behind: take its state (ends the wait)
-            await self._resync(await self.group.ahead_of(round_))
+        async def catch_up() -> None:  # the group left this round behind: take a later state (ends the wait)
+            while True:  # a state of this very round (or none) leaves the wait on: ask again at the next hello
+                await self._resync(await self.group.ahead_of(round_))
+                await self.group.next_hello()
 
         try:
             delta = await self._in_thread(self._delta, p)

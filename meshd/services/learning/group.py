@@ -307,6 +307,10 @@ class Group:
                 return source
             await self._heard.wait()
 
+    async def next_hello(self) -> None:
+        """Return once the next hello is taken in (or the view changes otherwise)."""
+        await self._heard.wait()
+
     def rewind(self, round: int) -> None:
         """Forget this member's rosters, exchanges and hashes of ``round`` and after: it goes
         back to the group's state of ``round`` (it had trained ahead alone)."""
