@@ -529,3 +529,32 @@ async def test_a_sync_the_group_left_behind_ends_once_a_later_state_is_taken(tmp
         assert asked == [1, 3]
         assert (opt.group.round, opt.steps) == (3, 6)
         assert all(torch.equal(p, torch.full_like(p, 3.0)) for p in model.parameters())
+
+
+async def test_a_node_closed_during_a_sync_fails_the_step_with_a_clear_error(tmp_path):
+    """The node stops (its services' tasks cancelled) while a training task outside it
+    waits in an outer sync: the step raises ClosedResourceError naming the round, and
+    the parameters hold θ again (it raised KeyError, the exchange's result missing)."""
+    async with AsyncExitStack() as stack:
+        node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
+        model = _model(seed=0)
+        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                        inner_steps=2)
+        await _train(opt, model, 2, seed=0)  # round 0 alone
+        entered = trio.Event()
+
+        async def never_ends(round_, p, delta, samples):
+            entered.set()
+            await trio.sleep_forever()
+
+        async def stop_node():
+            await entered.wait()
+            node._nursery.cancel_scope.cancel()  # the node stops under the sync
+
+        opt._exchange = never_ends
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop_node)
+                with pytest.raises(trio.ClosedResourceError, match="round 1's exchange"):
+                    await _train(opt, model, 2, seed=1)
+        assert all(torch.equal(p.detach(), opt.theta[n]) for n, p in model.named_parameters())

@@ -297,7 +297,7 @@ class DiLoCo:
         try:
             contribution, named = await group.pull(PeerId(peer), "state", timeout=group.clock.timeout())
         except (RpcError, trio.TooSlowError, OSError) as exc:
-            log.warning("%s: could not take the state of %s: %s", group.tag, PeerId(peer).short(), exc)
+            log.warning("%s: could not take the state of %s: %r", group.tag, PeerId(peer).short(), exc)
             return None
         tensors = {name: decode(enc) for name, enc in named}
         return contribution.round, tensors, await trio.to_thread.run_sync(state_hash, *_split(tensors))
@@ -444,10 +444,11 @@ class DiLoCo:
             self._syncing = self._sync_round = None
         if self._taken != taken:  # the parameters hold the state taken already
             return
-        if "error" in result:
+        if "out" not in result:  # it failed, or was cancelled: the node closed under it
             if self._flat is not None:
                 self._reset_params(self.fragments[p])
-            raise result["error"]
+            raise result.get("error") or trio.ClosedResourceError(
+                f"{self.group.tag}: the node closed during round {round_}'s exchange")
         await self._land(p, result["out"], streaming=False)
 
     async def _in_thread(self, work, *args):
