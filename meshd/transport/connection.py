@@ -102,6 +102,7 @@ class PeerConnection:
         self.last_stream_at = self.created_at  # when a stream last opened or ended
         self._streams: dict[int, QuicCallStream] = {}
         self._last_peer_stream = -1
+        self._unseen_peer_streams: set[int] = set()  # below the last, opened with it (RFC 9000 3.2), no bytes yet
         self._idle = trio.lowlevel.ParkingLot()  # wait_idle() callers
         self._blocked: set[QuicCallStream] = set()
         self._stream_window = stream_window
@@ -279,6 +280,7 @@ class PeerConnection:
                 if stream.finished:
                     self._forget(stream)
             elif kind is ev.StreamReset or kind is ev.StopSendingReceived:
+                self._unseen_peer_streams.discard(event.stream_id)  # reset before its first bytes: none come
                 stream = streams.get(event.stream_id)
                 if stream is not None:
                     if kind is ev.StreamReset:
@@ -301,9 +303,16 @@ class PeerConnection:
         """A new stream the peer opened, handed to ``on_stream`` once authenticated."""
         if self.peer_id is None or self.on_stream is None or self.close_reason is not None:
             return None
-        if stream_id % 4 != (1 if self.dialed else 0) or stream_id <= self._last_peer_stream:
-            return None  # not a new peer-initiated bidirectional stream
-        self._last_peer_stream = stream_id
+        if stream_id % 4 != (1 if self.dialed else 0):
+            return None  # not a peer-initiated bidirectional stream
+        if stream_id > self._last_peer_stream:  # it opened the ones below it too: their bytes may come later
+            self._unseen_peer_streams.update(range(  # (each holds one of the MAX_STREAMS the peer may open)
+                self._last_peer_stream + 4 if self._last_peer_stream >= 0 else stream_id % 4, stream_id, 4))
+            self._last_peer_stream = stream_id
+        elif stream_id in self._unseen_peer_streams:  # (after a later one: a lost packet, or written later)
+            self._unseen_peer_streams.discard(stream_id)
+        else:
+            return None  # one seen before, and forgotten once it ended: late bytes of it
         stream = QuicCallStream(self, stream_id)
         self._add_stream(stream)
         self.on_stream(self, stream)
@@ -369,10 +378,14 @@ class PeerConnection:
     # --- used by QuicCallStream ----------------------------------------------
 
     def open_stream(self) -> QuicCallStream:
-        """A new outgoing stream (no bytes are sent until the first write)."""
+        """A new outgoing stream, its id taken now (no bytes are sent until the first
+        write): aioquic takes an id only as a stream's first bytes are queued, so two
+        streams opened before either wrote (one waited for send room) had the same."""
         if self.close_reason is not None or self.peer_id is None:
             raise StreamAborted(f"connection is not open: {self.close_reason or 'handshaking'}")
-        stream = QuicCallStream(self, self.quic.get_next_available_stream_id())
+        stream_id = self.quic.get_next_available_stream_id()
+        self.quic.send_stream_data(stream_id, b"")
+        stream = QuicCallStream(self, stream_id)
         self._add_stream(stream)
         return stream
 

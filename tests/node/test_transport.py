@@ -97,6 +97,21 @@ async def test_many_concurrent_calls_share_one_connection(pair):
     assert b.endpoint.connection_count == 1
 
 
+async def test_a_stream_whose_first_bytes_come_after_a_later_streams_is_served(pair):
+    """Streams are numbered as they are opened, but a caller may write a later one first
+    (its task got there first); the peer then hears stream 4 before stream 0.  Opening 4
+    opened 0 too (RFC 9000 section 3.2), so 0's call is served when its bytes come.  (They
+    were dropped as "not a new stream": the call waited out its deadline, as the learning
+    lane's token calls did, 10 s each, when a member fetched several slices at once.)"""
+    a, b = pair
+    conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
+    first, second = conn.open_stream(), conn.open_stream()
+    assert first.stream_id < second.stream_id
+    with trio.fail_after(5):
+        assert await unary_call(lambda: _ready(second), "echo", "second", 10, MAX) == "second"
+        assert await unary_call(lambda: _ready(first), "echo", "first", 10, MAX) == "first"
+
+
 async def test_a_reader_that_stops_reading_stops_the_writer(nursery):
     cfg = TransportConfig(stream_window=256 << 10, connection_window=1 << 20)
     a, b = await Side(nursery, cfg).start(), await Side(nursery, cfg).start()
