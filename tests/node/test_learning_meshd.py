@@ -7,6 +7,7 @@ live partners' parameters; a group answers for what it knows.
 
 from __future__ import annotations
 
+import copy
 import threading
 from contextlib import AsyncExitStack
 
@@ -74,13 +75,17 @@ async def _trained_group(stack: AsyncExitStack, tmp_path, seeds: list[int], *, i
     return nodes, models, opts
 
 
-@pytest.mark.parametrize("compression, lanes", [("none", "all"), ("int8", "all"), ("none", "not n2")])
+@pytest.mark.parametrize("compression, lanes", [("none", "all"), ("int8", "all"), ("none", "not n2"),
+                                                ("none", "small sets")])
 async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path, compression, lanes):
-    """Payloads go over the bulk lanes between members that have them, over QUIC to and from one that has none."""
+    """Payloads go over the bulk lanes between members that have them, over QUIC to and from one
+    that has none; a set smaller than ``lane_min_bytes`` (the default 1 MiB here) goes over QUIC."""
+    config = _config(tmp_path)
+    config.learning.lane_min_bytes = 1 << 20 if lanes == "small sets" else 0
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 2, _config(tmp_path))
-        laneless = _config(tmp_path)
-        laneless.learning.lane = lanes == "all"
+        nodes = await open_nodes(stack, tmp_path, 2, config)
+        laneless = copy.deepcopy(config)
+        laneless.learning.lane = lanes != "not n2"
         nodes.append(await stack.enter_async_context(meshd.open_node(
             tmp_path / "n2", listen="127.0.0.1:0", bootstrap=[str(nodes[0].address)], config=laneless)))
         await nodes[2].connect(nodes[0].address)
@@ -103,6 +108,9 @@ async def test_diloco_members_end_each_outer_round_with_identical_state(tmp_path
             assert opt._flat is not None
             assert all(torch.equal(p, opt.theta[n]) for n, p in model.named_parameters())
         bulk = [node.service("learning").bulk for node in nodes]
+        if lanes == "small sets":
+            assert all(b.lent == b.fetched == 0 for b in bulk) and all(opt.group.bytes_in for opt in opts)
+            return
         assert bulk[0].fetched > 0 and bulk[1].fetched > 0  # each reduces a slice: fetches parts
         assert (bulk[2].lent > 0 and bulk[2].fetched > 0) if lanes == "all" else (bulk[2].lent == bulk[2].fetched == 0)
         moved, received = sum(b.fetched for b in bulk), sum(sum(opt.group.bytes_in.values()) for opt in opts)

@@ -51,19 +51,23 @@ class Loan:
 class Bulk:
     """This node's side of the learning lane: lends payloads to peers and fetches theirs."""
 
-    def __init__(self, host: Host, *, enabled: bool):
+    def __init__(self, host: Host, *, enabled: bool, min_bytes: int = 0):
         self.host = host
         self.enabled = enabled  # serve a lane and fetch from peers' (config learning.lane)
+        self.min_bytes = min_bytes  # lend only sets of this many payload bytes or more (learning.lane_min_bytes)
         self.server = LaneServer(host, self._chunk) if enabled else None
         self.lent = 0  # payload bytes peers fetched from this node's lane
         self.fetched = 0  # ... this node fetched from peers' lanes
         self._chunks: dict[bytes, tuple[memoryview, Loan, int]] = {}  # id -> (chunk, its loan, its number)
 
-    def usable(self, peer: PeerId) -> bool:
-        """Whether to lend to ``peer``: our lane is up and the QUIC path to it is direct."""
+    def usable(self, peer: PeerId, named: list) -> bool:
+        """Whether to lend ``named`` ((name, Encoded) pairs) to ``peer``: our lane is up, the
+        QUIC path to it is direct, and their payloads come to ``min_bytes`` or more (a
+        lane's setup, a token call, a TCP connection and its key exchange, costs more
+        than a small set's bytes over QUIC)."""
         conn = self.host.live(peer)
         return self.server is not None and self.server.port is not None and conn is not None \
-            and conn.path == "direct"
+            and conn.path == "direct" and sum(memoryview(enc.payload).nbytes for _, enc in named) >= self.min_bytes
 
     @contextlib.contextmanager
     def lend(self, named: list) -> Iterator[Loan]:

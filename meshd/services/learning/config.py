@@ -14,4 +14,5 @@ class LearningSection:
     round_timeout_min: float = 5.0  # an exchange waits at least this long for a slow member
     round_timeout_max: float = 600.0  # ... and never longer than this
     lane: bool = True  # tensor payloads over the TCP bulk lane to peers with a direct path (QUIC otherwise)
+    lane_min_bytes: int = 1 << 20  # ... if the set's payloads are this large: a smaller one goes faster over QUIC
     shard_sync_min_bytes: int = 64 << 20  # a whole state (θ and momentum) this large or more moves over shard sync

@@ -896,7 +896,7 @@ class Group:
         head = {"group": self.name, "key": list(exchange.key), "index": index, "roster": roster_digest(members)}
 
         async def send(lane: bool) -> None:
-            if not (lane and self._bulk.usable(reducer)):
+            if not (lane and self._bulk.usable(reducer, named)):
                 await self._host.rpc.client_stream(reducer, "learning.part", self._items(reducer, offer, head),
                                                    timeout=None)
                 return
@@ -1115,7 +1115,7 @@ class Group:
         tensors; with ``lane`` (and a direct path) only their headers, the
         payloads lent on the bulk lane until ``peer`` has fetched them all
         (or a round's timeout passes)."""
-        if lane and self._bulk.usable(peer):
+        if lane and self._bulk.usable(peer, offer.named):
             with self._bulk.lend(offer.named) as loan:
                 for frame in self._lent_frames(offer, loan, **extra):
                     yield frame

@@ -82,7 +82,7 @@ class Learning:
         self.groups: dict[str, Group] = {}
         self.memberships: dict[str, Membership] = {}  # group name -> this member's entry in its document
         self.sessions: dict[str, object] = {}  # group name -> the training script's session that drives it
-        self.bulk = Bulk(host, enabled=config.lane)
+        self.bulk = Bulk(host, enabled=config.lane, min_bytes=config.lane_min_bytes)
         self._nursery: trio.Nursery | None = None
         host.add_farewell(self._farewell)
 
