@@ -19,6 +19,7 @@ import trio.testing
 import meshd
 from meshnodes import open_nodes
 import meshd.learning as ml
+from meshd.identity import PeerId
 from learn.outer import state_hash
 from meshd.services.learning import group as group_module
 from meshd.services.learning.diloco import _split
@@ -59,6 +60,16 @@ async def _everyone_knows_everyone(nodes, timeout=10.0) -> None:
             group = node.service("learning").groups[GROUP]
             while len(group.live()) < len(nodes):
                 await group._heard.wait()
+
+
+async def _alone_after_round_0(stack: AsyncExitStack, tmp_path):
+    """One member of GROUP (H=2) on a node of its own, done with round 0 alone: (node, model, optimizer)."""
+    node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
+    model = _model(seed=0)
+    opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
+                    inner_steps=2)
+    await _train(opt, model, 2, seed=0)
+    return node, model, opt
 
 
 async def _trained_group(stack: AsyncExitStack, tmp_path, seeds: list[int], *, inner_steps: int, steps: int):
@@ -226,11 +237,7 @@ async def test_a_state_of_the_round_being_exchanged_is_stepped_with_that_rounds_
     from learn.outer import OuterSGD
 
     async with AsyncExitStack() as stack:
-        node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
-        model = _model(seed=0)
-        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
-                        inner_steps=2)
-        await _train(opt, model, 2, seed=0)  # round 0
+        node, model, opt = await _alone_after_round_0(stack, tmp_path)
         assert (opt.group.round, opt.steps) == (1, 2)
         theta = {n: torch.full_like(t, 3.0) for n, t in opt.theta.items()}
         momentum = {n: torch.full_like(t, 0.5) for n, t in opt.theta.items()}
@@ -267,7 +274,7 @@ async def test_the_outer_step_leaves_the_node_answering_and_the_state_offered_is
         seen: dict = {}
 
         async def pull() -> None:
-            async for frame in opt.group.serve_pull(nodes[1].peer_id, "state", lane=False):
+            async for frame in opt.group.serve_pull(PeerId(b"\x02" * 32), "state", lane=False):
                 seen["pulled"] = (frame["contribution"]["round"], seen.get("stepped", False))
                 break
 
@@ -482,18 +489,14 @@ async def test_a_state_taken_is_offered_on_under_its_own_round(tmp_path):
     exchange's outcome was to step, waited for parts the group never sent, and stalled
     learning_robust to its parts deadline.)"""
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 2, _config(tmp_path))
-        model = _model(seed=0)
-        opt = ml.DiLoCo(nodes[0], model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
-                        inner_steps=2)
-        await _train(opt, model, 2, seed=0)  # round 0 alone
+        node, model, opt = await _alone_after_round_0(stack, tmp_path)
         assert opt.group.round == 1
         taken = {**{f"theta/{n}": torch.full_like(t, 3.0) for n, t in opt.theta.items()},
                  **{f"momentum/{n}": torch.zeros_like(t) for n, t in opt.theta.items()}}
         opt._solo = False  # a member of a group, not one that trained ahead alone
         opt._apply(b"\x01" * 32, 5, dict(taken), _hash(taken), path="pull", seconds=0.0)
         assert opt.group.round == 5
-        async for frame in opt.group.serve_pull(nodes[1].peer_id, "state", lane=False):
+        async for frame in opt.group.serve_pull(PeerId(b"\x02" * 32), "state", lane=False):
             assert frame["contribution"]["round"] == 5
             break
         version, round_, tensors, hash_of = opt._shared_state()
@@ -506,11 +509,7 @@ async def test_a_sync_the_group_left_behind_ends_once_a_later_state_is_taken(tmp
     leaves the sync waiting, so it asks again until a later round's state ends the wait,
     rather than sitting out the parts deadline."""
     async with AsyncExitStack() as stack:
-        node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
-        model = _model(seed=0)
-        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
-                        inner_steps=2)
-        await _train(opt, model, 2, seed=0)  # round 0 alone
+        node, model, opt = await _alone_after_round_0(stack, tmp_path)
         taken = {**{f"theta/{n}": torch.full_like(t, 3.0) for n, t in opt.theta.items()},
                  **{f"momentum/{n}": torch.zeros_like(t) for n, t in opt.theta.items()}}
         rounds = [1, 3]  # the state each ask takes: round 1's (the round being synced), then round 3's
@@ -544,11 +543,7 @@ async def test_a_node_closed_during_a_sync_fails_the_step_with_a_clear_error(tmp
     waits in an outer sync: the step raises ClosedResourceError naming the round, and
     the parameters hold θ again (it raised KeyError, the exchange's result missing)."""
     async with AsyncExitStack() as stack:
-        node, = await open_nodes(stack, tmp_path, 1, _config(tmp_path))
-        model = _model(seed=0)
-        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
-                        inner_steps=2)
-        await _train(opt, model, 2, seed=0)  # round 0 alone
+        node, model, opt = await _alone_after_round_0(stack, tmp_path)
         entered = trio.Event()
 
         async def never_ends(round_, p, delta, samples):
