@@ -45,6 +45,12 @@ def _hash(state: dict) -> bytes:
     return state_hash(*_split(state))
 
 
+def _threes(opt) -> dict:
+    """A whole state for ``opt``'s model, named as a resync takes it: θ all 3.0, momentum zero."""
+    return {**{f"theta/{n}": torch.full_like(t, 3.0) for n, t in opt.theta.items()},
+            **{f"momentum/{n}": torch.zeros_like(t) for n, t in opt.theta.items()}}
+
+
 async def _train(opt, model, steps: int, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
@@ -204,8 +210,7 @@ async def test_a_state_taken_during_a_sync_returns_the_training_at_once_and_leav
         opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group=GROUP,
                         inner_steps=2)
         await _train(opt, model, 1, seed=0)
-        taken = {**{f"theta/{n}": torch.full_like(t, 3.0) for n, t in opt.theta.items()},
-                 **{f"momentum/{n}": torch.zeros_like(t) for n, t in opt.theta.items()}}
+        taken = _threes(opt)
         release, seen = trio.Event(), {}
 
         async def exchange(round_, p, delta, samples):
@@ -274,7 +279,7 @@ async def test_the_outer_step_leaves_the_node_answering_and_the_state_offered_is
         seen: dict = {}
 
         async def pull() -> None:
-            async for frame in opt.group.serve_pull(PeerId(b"\x02" * 32), "state", lane=False):
+            async for frame in opt.group.serve_pull(nodes[1].peer_id, "state", lane=False):
                 seen["pulled"] = (frame["contribution"]["round"], seen.get("stepped", False))
                 break
 
@@ -491,8 +496,7 @@ async def test_a_state_taken_is_offered_on_under_its_own_round(tmp_path):
     async with AsyncExitStack() as stack:
         node, model, opt = await _alone_after_round_0(stack, tmp_path)
         assert opt.group.round == 1
-        taken = {**{f"theta/{n}": torch.full_like(t, 3.0) for n, t in opt.theta.items()},
-                 **{f"momentum/{n}": torch.zeros_like(t) for n, t in opt.theta.items()}}
+        taken = _threes(opt)
         opt._solo = False  # a member of a group, not one that trained ahead alone
         opt._apply(b"\x01" * 32, 5, dict(taken), _hash(taken), path="pull", seconds=0.0)
         assert opt.group.round == 5
@@ -510,8 +514,7 @@ async def test_a_sync_the_group_left_behind_ends_once_a_later_state_is_taken(tmp
     rather than sitting out the parts deadline."""
     async with AsyncExitStack() as stack:
         node, model, opt = await _alone_after_round_0(stack, tmp_path)
-        taken = {**{f"theta/{n}": torch.full_like(t, 3.0) for n, t in opt.theta.items()},
-                 **{f"momentum/{n}": torch.zeros_like(t) for n, t in opt.theta.items()}}
+        taken = _threes(opt)
         rounds = [1, 3]  # the state each ask takes: round 1's (the round being synced), then round 3's
         asked = []
 
