@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 ROLES = ("trainer", "observer")  # an observer follows the group and contributes nothing
@@ -111,7 +112,8 @@ def majority(held: dict[bytes, tuple[bytes, int]]) -> tuple[bytes, bytes] | None
     return top, best[top][1]
 
 
-def state_source(states: dict[bytes, tuple[int, dict[int, bytes]]]) -> tuple[bytes, int]:
+def state_source(states: dict[bytes, tuple[int, dict[int, bytes]]],
+                 silent: Iterable[dict[int, bytes]] = ()) -> tuple[bytes, int]:
     """The member to take the group's state from, and how many members hold that state.
 
     ``states`` maps each live member (the caller too) to the round it works on
@@ -122,13 +124,21 @@ def state_source(states: dict[bytes, tuple[int, dict[int, bytes]]]) -> tuple[byt
     member that says it is far ahead, a runaway that trained alone or a liar,
     is not followed while two others agree.  With no state corroborated (a run's
     start, or members that each went their own way) it is the member furthest
-    ahead, and the count is 1."""
+    ahead, and the count is 1.
+
+    ``silent`` holds the hashes of members heard from before but not lately:
+    they are no source, but still vouch for the states they held, so that a
+    moment in which the others all look silent (this node's own loop stalled,
+    and the first hello it reads after is the liar's) does not leave the one
+    claiming to be far ahead as the only choice."""
+    witnesses = [hashes for _, hashes in states.values()] + list(silent)
+
     def holders(member: bytes) -> int:
         hashes = states[member][1]
         if not hashes:
             return 1
         round_ = max(hashes)
-        return sum(other[1].get(round_) == hashes[round_] for other in states.values())
+        return sum(other.get(round_) == hashes[round_] for other in witnesses)
 
     held = {member: holders(member) for member in states}
     corroborated = [member for member, count in held.items() if count >= 2] or list(states)

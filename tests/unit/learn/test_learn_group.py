@@ -231,6 +231,15 @@ def test_a_member_alone_in_claiming_a_round_far_ahead_is_not_followed():
     assert state_source({ME: (10, {9: H1}), C: (1010, liar)}) == (C, 1)  # nothing corroborated: furthest ahead
 
 
+def test_members_silent_a_moment_still_vouch_for_the_state_they_held():
+    """This node's loop stalled past the others' liveness, and the first hello it read after is
+    the liar's: the honest members' last hashes still corroborate its state, so it stays on it."""
+    liar = {1009: H3}
+    assert state_source({ME: (10, {9: H2}), C: (1010, liar)}, silent=[{8: H1, 9: H2}]) == (ME, 2)
+    assert state_source({ME: (10, {9: H2}), C: (1010, liar)}, silent=[{8: H1}]) == (C, 1)  # they never held it
+    assert state_source({ME: (10, {}), C: (1010, liar)}, silent=[{1009: H3}]) == (C, 2)  # a silent one can vouch for any
+
+
 def test_with_no_state_corroborated_the_member_furthest_ahead_is_the_source():
     """A run's start (no hashes yet), or two members that ran apart: the furthest ahead, then the lowest key."""
     assert state_source({ME: (0, {}), A: (0, {}), B: (0, {})}) == (A, 1)
