@@ -413,6 +413,45 @@ async def test_a_stall_of_the_members_own_process_does_not_leave_the_others_off_
             assert await lowest.roster(0) == sorted(g.me for g in groups)
 
 
+async def test_a_stall_of_the_asker_during_its_ask_does_not_drop_the_member_below_from_the_roster(tmp_path):
+    """The middle member asks the lowest for the roster; the lowest is slow to answer, and the
+    middle's process stalls meanwhile (the lowest's hellos go unread), so the ask ends with the
+    lowest looking quiet.  Dropping it then fixed a roster without it on the middle member only
+    (a split round in learning_churn); the middle now gives it two heartbeats to be heard, and
+    asks it again."""
+    async with AsyncExitStack() as stack:
+        groups = await _three_groups(stack, tmp_path, _config(tmp_path))
+        lowest, middle = groups[0], groups[1]
+        answer, slow = lowest.serve_roster, [True]
+
+        async def slow_at_first(peer, arg):
+            if slow and slow.pop():
+                await trio.sleep(4 * lowest.view.dead_after())  # past the middle's patience
+            return await answer(peer, arg)
+
+        lowest.serve_roster = slow_at_first
+        heard, stalled = middle.view.heard, [True]
+
+        def unread_while_stalled(peer, info, now):
+            if stalled and peer == lowest.me:
+                return middle.view.members[peer]
+            return heard(peer, info, now)
+
+        middle.view.heard = unread_while_stalled
+        ask = middle._while_heard
+
+        async def the_stall_ends_as_the_ask_fails(*args):
+            try:
+                return await ask(*args)
+            finally:
+                stalled.clear()
+
+        middle._while_heard = the_stall_ends_as_the_ask_fails
+        with trio.fail_after(10):
+            assert await middle.roster(0) == sorted(g.me for g in groups)
+        assert not stalled and not slow  # the ask did fail once, with the lowest looking quiet
+
+
 async def test_a_roster_held_above_is_taken_from_members_busy_when_first_asked(tmp_path):
     """The lowest member, back after the others fixed a round without it, must take their roster
     rather than fix one of its own, though they take longer than a heartbeat to answer at first."""

@@ -284,12 +284,13 @@ class Group:
 
     def source(self) -> tuple[bytes, bool]:
         """The live member to take the group's state from (:func:`learn.group.state_source`:
-        the furthest ahead whose state another member holds too, else the furthest ahead),
-        and whether its state is so corroborated."""
+        the furthest ahead whose state another member holds too, a silent one included,
+        else the furthest ahead), and whether its state is so corroborated."""
         live = set(self.view.live(trio.current_time()))
         states = {k: (m.round, m.hashes) for k, m in self.view.members.items() if k in live}
         states[self.me] = (self.round, self.hashes)
-        source, holders = state_source(states)
+        silent = [m.hashes for k, m in self.view.members.items() if k not in live]
+        source, holders = state_source(states, silent)
         return source, holders >= 2
 
     def holds(self, peer: bytes) -> bool:
@@ -559,8 +560,9 @@ class Group:
 
         A member that is live but slow to answer is asked again until it
         answers or goes quiet (one busy member does not split the round); one
-        gone quiet is forgotten until heard again, so a dead member costs its
-        silence, once.  Members below gone quiet are asked too: a busy member
+        gone quiet (and not heard within two heartbeats after, see
+        :meth:`_heard_again`) is forgotten until heard again, so a dead member
+        costs its silence, once.  Members below gone quiet are asked too: a busy member
         can be late with its hellos and still be the one that fixed the roster."""
         deadline = trio.current_time() + self.clock.timeout()
         for peer in sorted(k for k in self.view.members if k < self.me):
@@ -597,13 +599,24 @@ class Group:
                 return None
             except (RpcError, trio.TooSlowError, OSError) as exc:
                 log.info("%s: no roster of round %d from %s yet: %r", self.tag, round, PeerId(peer).short(), exc)
-            if peer not in self.view.live(trio.current_time()):
+            if not await self._heard_again(peer):
                 self.view.drop(peer)
                 return None
             if trio.current_time() >= deadline:
                 return None
             with trio.move_on_after(self.view.heartbeat_interval):  # give it a moment, or hear it go quiet
                 await self._heard.wait()
+
+    async def _heard_again(self, peer: bytes) -> bool:
+        """Whether ``peer`` is live, or heard again within two heartbeats if it looks quiet.
+
+        A stall of this process during an ask leaves the peer's hellos unread, so it
+        looks quiet as the ask ends; dropping it then fixed a roster without it here
+        alone.  A member quiet for real costs this wait once: it is dropped after."""
+        with trio.move_on_after(2 * self.view.heartbeat_interval):
+            while peer not in self.view.live(trio.current_time()):
+                await self._heard.wait()
+        return peer in self.view.live(trio.current_time())
 
     async def _while_heard(self, peer: bytes, fn: Callable, *args):
         """``await fn(*args)``, or trio.TooSlowError once ``peer`` goes quiet first: a
