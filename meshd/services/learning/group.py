@@ -600,6 +600,8 @@ class Group:
             except (RpcError, trio.TooSlowError, OSError) as exc:
                 log.info("%s: no roster of round %d from %s yet: %r", self.tag, round, PeerId(peer).short(), exc)
             if not await self._heard_again(peer):
+                log.info("%s: %s went quiet; round %d's roster is asked of the next member",
+                         self.tag, PeerId(peer).short(), round)
                 self.view.drop(peer)
                 return None
             if trio.current_time() >= deadline:
