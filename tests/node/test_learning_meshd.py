@@ -452,6 +452,45 @@ async def test_a_stall_of_the_asker_during_its_ask_does_not_drop_the_member_belo
         assert not stalled and not slow  # the ask did fail once, with the lowest looking quiet
 
 
+async def test_a_greeting_slow_to_answer_after_a_stall_does_not_forget_the_member(tmp_path, monkeypatch):
+    """After a stall of its process a member sees the others quiet; a greeting then slower
+    than a heartbeat forgot them at once, so the next roster it fixed left them off (a split
+    round in learning_churn).  Only a member quiet past a stall's reach is forgotten now."""
+    async with AsyncExitStack() as stack:
+        groups = await _three_groups(stack, tmp_path, _config(tmp_path))
+        lowest, other = groups[0], groups[1]
+        call = lowest._host.rpc.call
+
+        async def slow_hello(peer, method, *args, **kwargs):
+            if method == "learning.hello":
+                await trio.sleep(2 * lowest.view.heartbeat_interval)  # past the heartbeat it is given
+            return await call(peer, method, *args, **kwargs)
+
+        monkeypatch.setattr(lowest._host.rpc, "call", slow_hello)
+        _as_after_a_stall([lowest], 1.6 * lowest.view.dead_after())
+        await lowest.greet(PeerId(other.me))
+        assert other.me in lowest.view.members
+
+
+async def test_a_reduced_slice_is_kept_for_a_member_off_the_roster_that_only_looks_quiet(tmp_path):
+    """A reducer whose process stalled as its round ended saw the member off the roster
+    quiet, dropped its slice, and that member found none (its round came out otherwise,
+    learning_churn).  The slice is kept for one quiet no longer than a stall explains."""
+    from learn.compress import encode
+
+    async with AsyncExitStack() as stack:
+        groups = await _three_groups(stack, tmp_path, _config(tmp_path))
+        lowest = groups[0]
+        for stall, kept in ((1.6, True), (4, False)):  # in dead-after spans; 4: gone, no copy kept
+            exchange = group_module.Exchange((0, 0), roster=[g.me for g in groups[:2]])
+            exchange.served_all.set()  # the member on the roster has it
+            value = torch.ones(16)
+            exchange.offer = lowest._sign(0, "reduced:0:0", [("slice", encode(value, "none"))], 0)
+            _as_after_a_stall([lowest], stall * lowest.view.dead_after())
+            await lowest._release_reduced(exchange, value, trio.current_time())
+            assert (exchange.offer is not None) == kept
+
+
 async def test_a_roster_held_above_is_taken_from_members_busy_when_first_asked(tmp_path):
     """The lowest member, back after the others fixed a round without it, must take their roster
     rather than fix one of its own, though they take longer than a heartbeat to answer at first."""

@@ -215,9 +215,10 @@ class Group:
     async def greet(self, peer: PeerId) -> None:
         """Say hello to ``peer``; a live one that does not answer within the round
         clock's floor is not heard from, and a quiet one that does not answer
-        within a heartbeat is forgotten (the DHT or another member's hello brings
-        it back if it returns).  The service runs each greeting on its own, so a
-        slow one holds back no other."""
+        within a heartbeat is forgotten if it has been quiet longer than a stall
+        of this process explains (:meth:`_long_quiet`; the DHT or another
+        member's hello brings it back if it returns).  The service runs each
+        greeting on its own, so a slow one holds back no other."""
         live = peer.key in self.view.live(trio.current_time())
         try:
             with trio.fail_after(self.clock.floor if live else self.view.heartbeat_interval):
@@ -225,7 +226,7 @@ class Group:
             self.hello_from(peer, reply)
         except (RpcError, trio.TooSlowError, OSError) as exc:
             log.debug("%s: no hello from %s: %s", self.tag, peer.short(), exc)
-            if isinstance(exc, NotFound) or not live:
+            if isinstance(exc, NotFound) or self._long_quiet(peer.key):
                 self._heard_of.discard(peer.key)
                 self.view.drop(peer.key)
 
@@ -534,6 +535,18 @@ class Group:
                 pending.set()
         return self._rosters[round]
 
+    def _lately_quiet(self) -> list[bytes]:
+        """The members silent for one to three dead-after spans: quiet, but for no
+        longer than a stall of this process (its hellos unread) may explain."""
+        now, dead_after = trio.current_time(), self.view.dead_after()
+        return [p for p, m in self.view.members.items() if dead_after <= now - m.last_seen < 3 * dead_after]
+
+    def _long_quiet(self, peer: bytes) -> bool:
+        """Whether ``peer`` was never heard, or not for three dead-after spans (past
+        :meth:`_lately_quiet`): forgetting it then cannot take a stall for a death."""
+        member = self.view.members.get(peer)
+        return member is None or trio.current_time() - member.last_seen >= 3 * self.view.dead_after()
+
     async def _hear_the_lately_quiet(self) -> None:
         """Before a roster is fixed from this member's view: give the members that went
         quiet only lately (silent for one to three dead-after spans) up to two
@@ -545,12 +558,8 @@ class Group:
         member stalled too (on the same busy machine) first has to wake and send its
         next hello.  A member really gone costs this wait for two spans, at most two
         heartbeats per roster fixed."""
-        def lately_quiet() -> list[bytes]:
-            now, dead_after = trio.current_time(), self.view.dead_after()
-            return [p for p, m in self.view.members.items() if dead_after <= now - m.last_seen < 3 * dead_after]
-
         with trio.move_on_after(2 * self.view.heartbeat_interval):
-            while lately_quiet():
+            while self._lately_quiet():
                 await self._heard.wait()
 
     async def _ask_roster(self, round: int) -> list[bytes] | None:
@@ -794,14 +803,15 @@ class Group:
     async def _release_reduced(self, exchange: Exchange, value, deadline: float) -> None:
         """Give the caller's vector back from a streamed reduction, whose slice ``value``
         is served from it: from now on the slice is served from a copy if a member
-        may still ask (one on the roster does not have it, or a live one is off the
-        roster), else not at all; then wait for the sends of the slice under way
+        may still ask (one on the roster does not have it, or one off the roster is
+        live or only lately quiet: a stall of this process leaves hellos unread,
+        and a member off the roster that looked gone then found no slice), else not at all; then wait for the sends of the slice under way
         to end, so none reads the vector once the caller writes it: until a
         round's timeout past ``deadline`` at most (a send waits that long for
         its fetcher), as a member that began its round later than this one
         fetches past this one's deadline."""
         offer = exchange.offer
-        if exchange.served_all.is_set() and set(self.live()) <= set(exchange.roster):
+        if exchange.served_all.is_set() and {*self.live(), *self._lately_quiet()} <= set(exchange.roster):
             exchange.offer = None
         else:
             from learn.compress import encode  # noqa: PLC0415
