@@ -19,8 +19,12 @@ an infinity (and take zeros if none is finite); ``mean`` does not.
 One contribution can move a trimmed mean or a clipped center only by a
 bounded amount (tau/K per iteration), however large it is.  ``clipped``
 names the contributions that were dropped, mostly trimmed (more than half
-their coordinates) or clipped in the last iteration, so a member clipped
-round after round can be reported.  :func:`aggregate_state` clips whole state
+their coordinates) or, in the last iteration, clipped to less than half
+their distance from the center (:data:`FAR_OUT`), so a member clipped round
+after round can be reported.  Not every clip counts: with the default tau,
+the median distance, about half of an honest group is clipped a little in
+every round (that is the rule at work), and counting those reported honest
+members as suspects.  :func:`aggregate_state` clips whole state
 dicts as one vector: clipping each tensor on its own would let a member move
 every tensor by tau/K, √T times tau/K in all for T tensors.
 """
@@ -37,6 +41,7 @@ from .tensors import fixed_sum
 
 RULES = ("mean", "trimmed_mean", "centered_clip")
 _PARAMS = {"mean": (), "trimmed_mean": ("fraction",), "centered_clip": ("tau", "iters")}
+FAR_OUT = 0.5  # centered_clip reports a contribution clipped to less than this share of its distance
 
 
 @dataclass(frozen=True)
@@ -190,4 +195,4 @@ def _centered_clip(flat: torch.Tensor, tau: float | None, iters: int) -> tuple[t
         diff = flat - center
         scale = torch.clamp(tau / torch.clamp(_norms(diff), min=1e-12), max=1.0)
         center = center + (diff * scale[:, None]).mean(dim=0)
-    return center, [i for i in range(len(flat)) if scale[i] < 1]
+    return center, [i for i in range(len(flat)) if scale[i] < FAR_OUT]

@@ -60,6 +60,16 @@ def test_centered_clip_bounds_one_contributions_pull_by_tau_over_k(k, scale, see
     assert result.clipped == [k - 1]
 
 
+def test_centered_clip_reports_the_far_out_not_the_honest_half_beyond_the_median_distance():
+    """With the default tau (the median distance from the median) about half of an honest
+    group is clipped a little every round; only one pulled in to under half its distance
+    is reported (an honest member was reported a suspect in learning_robust's honest run)."""
+    generator = torch.Generator().manual_seed(7)
+    honest = [torch.randn(200, generator=generator) * 0.1 for _ in range(7)]
+    assert aggregate(honest, None, "centered_clip").clipped == []
+    assert aggregate([*honest, torch.randn(200, generator=generator) * 10], None, "centered_clip").clipped == [7]
+
+
 def test_with_fewer_than_three_contributions_every_rule_is_the_weighted_mean():
     a, b = torch.zeros(10), torch.ones(10)
     for rule in ("mean", "trimmed_mean", "centered_clip"):
