@@ -380,6 +380,24 @@ async def _three_groups(stack, tmp_path, config) -> list:
     return groups
 
 
+async def test_a_roster_fixed_otherwise_than_the_round_befores_is_logged_with_the_view(tmp_path, caplog):
+    """What a split round starts from (a roster fixed from a view that lost a member) is in the log."""
+    config = Config()
+    config.learning = LearningSection(heartbeat_interval=30.0, discover_interval=30.0, round_timeout_min=2.0)
+    async with AsyncExitStack() as stack:
+        groups = await _three_groups(stack, tmp_path, config)
+        lowest, middle = groups[0], groups[1]
+        with caplog.at_level("INFO", logger="meshd.learning"):
+            assert len(await lowest.roster(0)) == 3
+            assert not [r for r in caplog.records if "fixed round" in r.message]  # the first: nothing to compare
+            lowest.view.drop(middle.me)
+            lowest.round = 1
+            assert middle.me not in await lowest.roster(1)
+        [record] = [r for r in caplog.records if "fixed round 1's roster" in r.message]
+        assert "2 members, -1 on round 0's" in record.message
+        assert PeerId(groups[2].me).short() in record.message and PeerId(middle.me).short() not in record.message
+
+
 async def test_a_member_on_the_last_roster_stays_on_before_its_hello_says_it_joined(tmp_path):
     """A round can end before the hello that says a member took the state at the start (no hellos here)."""
     config = Config()

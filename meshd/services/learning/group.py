@@ -526,7 +526,7 @@ class Group:
                 if roster is None:
                     await self._hear_the_lately_quiet()
                     roster = self.contributors(round)
-                    log.debug("%s: fixed round %d's roster: %d members", self.tag, round, len(roster))
+                    self._log_fixed(round, roster)
                 self._rosters[round] = roster
                 while len(self._rosters) > KEEP_ROUNDS:
                     del self._rosters[min(self._rosters)]
@@ -534,6 +534,20 @@ class Group:
                 del self._roster_pending[round]
                 pending.set()
         return self._rosters[round]
+
+    def _log_fixed(self, round: int, roster: list[bytes]) -> None:
+        """Log a roster this member fixed: at INFO, with what its view held of each member,
+        where it differs from the round before's (a member joins, dies, or, where the
+        view was wrong, a round splits: what that starts from is then in the log)."""
+        before = self._rosters.get(round - 1)
+        if before is None or before == roster:
+            log.debug("%s: fixed round %d's roster: %d members", self.tag, round, len(roster))
+            return
+        now = trio.current_time()
+        seen = ", ".join(f"{PeerId(k).short()} round {m.round} heard {now - m.last_seen:.2f} s ago"
+                         for k, m in sorted(self.view.members.items()))
+        log.info("%s: fixed round %d's roster: %d members, %+d on round %d's (view: %s)", self.tag, round,
+                 len(roster), len(roster) - len(before), round - 1, seen or "nobody")
 
     def _lately_quiet(self) -> list[bytes]:
         """The members silent for one to three dead-after spans: quiet, but for no
