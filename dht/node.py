@@ -153,6 +153,7 @@ class DhtNode:
         self.wall = wall
         self.rng = rng or random.Random()
         self._table_changed = trio.Event()
+        self.joined = trio.Event()  # a lookup may find others now (bootstrap's self-lookup is done, or nobody to join)
         self.table = RoutingTable(self.id, k=config.k, max_per_prefix=config.max_per_prefix,
                                   check_after=config.check_after,
                                   prefix_bits=(config.ipv4_prefix, config.ipv6_prefix),
@@ -370,11 +371,15 @@ class DhtNode:
 
     async def bootstrap(self, seeds: list[Contact]) -> int:
         """Join through ``seeds``: ask each, look ourselves up, then fill the
-        farther buckets.  Returns the routing table size."""
+        farther buckets.  Returns the routing table size.  :attr:`joined` is set
+        once the self-lookup found anyone: lookups find others from then on, while
+        the farther buckets still fill (seconds on a loaded machine)."""
         async with trio.open_nursery() as nursery:
             for seed in seeds:
                 nursery.start_soon(self._greet, seed)
         await self.find_node(self.id)
+        if len(self.table):
+            self.joined.set()
         await self.refresh(interval=0)
         return len(self.table)
 

@@ -113,6 +113,8 @@ class FakeProviders:
         self._me = Contact(me.key, ())
         self.records: dict[bytes, list[Contact]] = {}
         self.changed = trio.Event()
+        self.joined = trio.Event()
+        self.joined.set()  # one dict: nothing to join
 
     async def provide(self, key: bytes) -> int:
         await trio.lowlevel.checkpoint()

@@ -182,6 +182,7 @@ class Dht:
             with trio.move_on_after(AUTONAT_WAIT):
                 await self._reachability.settled.wait()
         if not seeds and not len(self.node.table):
+            self.node.joined.set()  # nothing to wait for
             return  # the first node of a network: others join through it
         delay = 0.5
         while True:

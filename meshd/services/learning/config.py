@@ -9,6 +9,7 @@ from dataclasses import dataclass
 class LearningSection:
     heartbeat_interval: float = 2.0  # seconds between hellos to each member of a group
     discover_interval: float = 10.0  # seconds between provider lookups for a group's members
+    join_wait: float = 30.0  # the first lookup waits up to this long for the DHT to join (else it finds nobody)
     max_members: int = 64  # members one group tracks (the first heard are kept)
     max_bytes: int = 8 << 30  # largest tensor set one peer may send in one call
     round_timeout_min: float = 5.0  # an exchange waits at least this long for a slow member

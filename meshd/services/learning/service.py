@@ -171,7 +171,8 @@ class Learning:
         Greetings run on their own, one at a time per peer: a member that died
         but still looks live (its hello waits out the round clock's floor) holds
         back no hello to the others.  Only the first heartbeat's greetings are
-        waited for, so that a member starting to train knows who is there."""
+        waited for, so that a member starting to train knows who is there, and
+        that first lookup waits (``join_wait`` at most) for the DHT to join."""
         key = PROVIDER_PREFIX + group.name.encode()
         next_discovery, provided = 0.0, False
         greeting: set[bytes] = set()  # peers with a hello in flight
@@ -183,6 +184,10 @@ class Learning:
                 greeting.discard(peer)
 
         with group.cancel_scope:
+            # Before the DHT has joined, the lookup finds nobody, and a member settling on that
+            # trained rounds alone (a late joiner did, for 4 s, before it took the group's state)
+            with trio.move_on_after(self.config.join_wait):
+                await self._providers.joined.wait()
             async with trio.open_nursery() as background:
                 while True:
                     now = trio.current_time()
