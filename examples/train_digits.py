@@ -48,10 +48,11 @@ async def train(args) -> None:
     x, y, x_test, y_test = digits()
     xs, ys = split_iid(x, y, args.members)[args.member % args.members]
     model = mlp(args.member)  # each its own init: the group takes one before the first step
+    inner_opt = torch.optim.AdamW(model.parameters(), 1e-3)  # before the node: see docs/learning.md
     async with meshd.open_node(args.data_dir, listen="127.0.0.1:0", bootstrap=args.bootstrap,
                                config=config) as node:
         report(args, {"ready": str(node.address)})
-        opt = ml.DiLoCo(node, model, inner_opt=torch.optim.AdamW(model.parameters(), 1e-3), group=args.group,
+        opt = ml.DiLoCo(node, model, inner_opt=inner_opt, group=args.group,
                         inner_steps=args.inner_steps, compression=args.compression)
         with trio.fail_after(60):
             while len(opt.group.live()) < args.wait_for:
