@@ -23,8 +23,8 @@ their coordinates) or, in the last iteration, clipped to less than half
 their distance from the center (:data:`FAR_OUT`), so a member clipped round
 after round can be reported.  Not every clip counts: with the default tau,
 the median distance, about half of an honest group is clipped a little in
-every round (that is the rule at work), and counting those reported honest
-members as suspects.  :func:`aggregate_state` clips whole state
+every round (that is the rule at work), and counting those had honest
+members reported as suspects.  :func:`aggregate_state` clips whole state
 dicts as one vector: clipping each tensor on its own would let a member move
 every tensor by tau/K, √T times tau/K in all for T tensors.
 """
