@@ -174,6 +174,9 @@ class Dht:
         host = self._host
         seeds = [Contact(addr.peer_id.key, (str(addr.hostport),))
                  for addr in host.bootstrap if addr.peer_id != host.peer_id]
+        if not seeds and not len(self.node.table):
+            self.node.joined.set()  # nothing to wait for (not AutoNAT's verdict either)
+            return  # the first node of a network: others join through it
         if self.config.mode == "auto" and self._wait_for_verdict:
             # Lookups send to many peers, and a peer we sent to cannot be AutoNAT's
             # independent dial-back: let the first verdict come first.
@@ -181,9 +184,6 @@ class Dht:
                 log.info("DHT: joining after AutoNAT's first verdict (at most %.0f s)", AUTONAT_WAIT)
             with trio.move_on_after(AUTONAT_WAIT):
                 await self._reachability.settled.wait()
-        if not seeds and not len(self.node.table):
-            self.node.joined.set()  # nothing to wait for
-            return  # the first node of a network: others join through it
         delay = 0.5
         while True:
             if seeds and not len(self.node.table):

@@ -51,6 +51,7 @@ NOT_CURRENT = "is not current here"  # how a member refuses a round too far from
 OVER = "is over here"  # ... and one it is done with, or went past without taking part: "round R ..."
 _HELLO_MEMBERS = 32  # other members one hello names
 STATE_PROVIDERS = 3  # members a joining member asks for the state it takes over shard sync (the best one included)
+STALL_REACH = 3  # dead-after spans of silence a stall of this process may explain (its hellos unread)
 
 
 @dataclass
@@ -524,7 +525,7 @@ class Group:
             try:
                 roster = await self._ask_roster(round)
                 if roster is None:
-                    await self._hear_the_lately_quiet()
+                    await self._hear_out(self._lately_quiet)  # before a roster is fixed from this view
                     roster = self.contributors(round)
                     self._log_fixed(round, roster)
                 self._rosters[round] = roster
@@ -550,30 +551,28 @@ class Group:
                  len(roster), len(roster) - len(before), round - 1, seen or "nobody")
 
     def _lately_quiet(self) -> list[bytes]:
-        """The members silent for one to three dead-after spans: quiet, but for no
-        longer than a stall of this process (its hellos unread) may explain."""
+        """The members silent for one to :data:`STALL_REACH` dead-after spans: quiet,
+        but for no longer than a stall of this process (its hellos unread) may explain."""
         now, dead_after = trio.current_time(), self.view.dead_after()
-        return [p for p, m in self.view.members.items() if dead_after <= now - m.last_seen < 3 * dead_after]
+        return [p for p, m in self.view.members.items()
+                if dead_after <= now - m.last_seen < STALL_REACH * dead_after]
 
     def _long_quiet(self, peer: bytes) -> bool:
-        """Whether ``peer`` was never heard, or not for three dead-after spans (past
-        :meth:`_lately_quiet`): forgetting it then cannot take a stall for a death."""
+        """Whether ``peer`` was never heard, or not for :data:`STALL_REACH` dead-after spans
+        (past :meth:`_lately_quiet`): forgetting it then cannot take a stall for a death."""
         member = self.view.members.get(peer)
-        return member is None or trio.current_time() - member.last_seen >= 3 * self.view.dead_after()
+        return member is None or trio.current_time() - member.last_seen >= STALL_REACH * self.view.dead_after()
 
-    async def _hear_the_lately_quiet(self) -> None:
-        """Before a roster is fixed from this member's view: give the members that went
-        quiet only lately (silent for one to three dead-after spans) up to two
-        heartbeats to be heard.
+    async def _hear_out(self, quiet: Callable[[], object]) -> None:
+        """Wait up to two heartbeats while ``quiet()`` holds.
 
-        A stall of this process (a long reduce, a busy machine) leaves their hellos
-        unread meanwhile, so on waking every other member looks quiet; counting that as
-        their silence fixed rosters of this member alone.  Two heartbeats, not one: a
-        member stalled too (on the same busy machine) first has to wake and send its
-        next hello.  A member really gone costs this wait for two spans, at most two
-        heartbeats per roster fixed."""
+        A stall of this process (a long reduce, a busy machine) leaves the others'
+        hellos unread meanwhile, so on waking they look quiet; taking that for their
+        silence fixed rosters of this member alone, or forgot them.  Two heartbeats,
+        not one: a member stalled too (on the same busy machine) first has to wake
+        and send its next hello.  A member really gone costs this wait once."""
         with trio.move_on_after(2 * self.view.heartbeat_interval):
-            while self._lately_quiet():
+            while quiet():
                 await self._heard.wait()
 
     async def _ask_roster(self, round: int) -> list[bytes] | None:
@@ -633,15 +632,13 @@ class Group:
                 await self._heard.wait()
 
     async def _heard_again(self, peer: bytes) -> bool:
-        """Whether ``peer`` is live, or heard again within two heartbeats if it looks quiet.
+        """Whether ``peer`` is live, or heard again within two heartbeats if it looks quiet
+        (:meth:`_hear_out`: a stall of this process during an ask leaves its hellos unread)."""
+        def quiet() -> bool:
+            return peer not in self.view.live(trio.current_time())
 
-        A stall of this process during an ask leaves the peer's hellos unread, so it
-        looks quiet as the ask ends; dropping it then fixed a roster without it here
-        alone.  A member quiet for real costs this wait once: it is dropped after."""
-        with trio.move_on_after(2 * self.view.heartbeat_interval):
-            while peer not in self.view.live(trio.current_time()):
-                await self._heard.wait()
-        return peer in self.view.live(trio.current_time())
+        await self._hear_out(quiet)
+        return not quiet()
 
     async def _while_heard(self, peer: bytes, fn: Callable, *args):
         """``await fn(*args)``, or trio.TooSlowError once ``peer`` goes quiet first: a
