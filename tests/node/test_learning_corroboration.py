@@ -30,7 +30,9 @@ async def test_members_that_agree_do_not_take_the_state_of_one_that_says_it_is_f
     """A fourth node says, in its signed hellos, that it works on round 1,000 and offers a state
     of its own making: the three that train together take nothing from it and go on agreeing."""
     async with AsyncExitStack() as stack:
-        nodes = await open_nodes(stack, tmp_path, 4, _config(tmp_path))
+        config = _config(tmp_path)  # heartbeats slower than a round: the hashes must go out as each round
+        config.learning.heartbeat_interval = 0.5  # ends, not at the next heartbeat (this failed every time)
+        nodes = await open_nodes(stack, tmp_path, 4, config)
         honest, liar_node = nodes[:3], nodes[3]
         models = [_model(seed=i) for i in range(3)]
         opts = [_diloco(node, model) for node, model in zip(honest, models)]

@@ -337,8 +337,7 @@ class DiLoCo:
         self._buffers.clear()  # exchanges under way keep theirs: the next ones start afresh
         self._residual.clear()  # (what the codec lost was of the state left behind)
         self.version += 1
-        group.wake.set()  # say so now, not at the next heartbeat
-        group.publish_hash(round_ - 1, digest)
+        group.publish_hash(round_ - 1, digest)  # (said at once)
         self._offer_state(round_)  # this state's round, whatever this member's was
         _trim()  # the state left behind, freed now: back to the system before the next exchange peaks
         log.info("%s: took round %d's state from %s (%s, %.3f s)", group.tag, round_, PeerId(peer).short(),

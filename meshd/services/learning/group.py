@@ -322,11 +322,15 @@ class Group:
         self.hashes = {r: hash_ for r, hash_ in self.hashes.items() if r < round - 1}
 
     def publish_hash(self, round: int, hash: bytes) -> None:
-        """Say (in the hellos from now on) that this member's state after ``round`` has ``hash``."""
+        """Say (in the hellos from now on, the next one at once) that this member's state
+        after ``round`` has ``hash``: the others corroborate states by these hashes, and
+        with rounds shorter than a heartbeat they held none of ours, so one member
+        claiming to be far ahead was the only state left to take."""
         self.hash, self.hash_round = hash, round
         if round >= 0:  # -1: the state a run starts from, before any round
             self.hashes[round] = hash
             self.hashes = {r: self.hashes[r] for r in sorted(self.hashes)[-HASH_HISTORY:]}
+        self.wake.set()
 
     async def dissent(self, wait: float) -> bytes | None:
         """A member holding the majority's state hash if ours differs from it, else None
