@@ -27,6 +27,7 @@ import meshd.experts as mx
 from experts import ddm, hdee
 from meshd import Config
 from meshd.rpc import DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, RpcError
+from meshd.services.experts.ensembles import STRAGGLER_MIN
 from meshd.services.experts.remote import COALESCE_DEPTH
 
 
@@ -366,6 +367,27 @@ async def test_ddm_over_the_mesh_is_the_local_sampler_and_calls_only_whom_it_rou
         assert torch.allclose(out.x, x, atol=1e-5) and not out.dropped
         per_step = {"full": 3, "topk": 2, "top1": 1, "uniform": 3}[mode]
         assert sum(out.rows.values()) == 8 * 32 * per_step  # each sample went only to the experts it weighs
+
+
+async def test_an_expert_whose_servers_take_long_to_find_is_not_dropped_as_slow(tmp_path):
+    """The straggler clock starts once every expert's servers are known: an expert the
+    first step must find through a slow DHT lookup, while the local one answers at once,
+    is not dropped (it was, on a loaded CI machine)."""
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 2)
+        await mx.serve(nodes[0], Flow([2.0, 0.0]), expert_id="c0", kind="flow")
+        await mx.serve(nodes[1], Flow([-2.0, 0.0]), expert_id="c1", kind="flow")
+        service = nodes[1].service("experts")
+        find = service.servers
+
+        async def slow_to_find_c0(expert_id, count=20):
+            if expert_id == "c0":
+                await trio.sleep(2 * STRAGGLER_MIN)
+            return await find(expert_id, count)
+
+        service.servers = slow_to_find_c0
+        out = await mx.DDMEnsemble(nodes[1], ["c0", "c1"], mode="uniform").sample(8, 2, steps=2)
+        assert not out.dropped and out.rows == {"c0": 16, "c1": 16}
 
 
 async def test_ddm_sampling_goes_on_without_an_expert_that_dies(tmp_path):

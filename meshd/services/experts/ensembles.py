@@ -10,6 +10,7 @@ result which experts answered and why the others did not.  The mixing is
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -63,14 +64,22 @@ STRAGGLER_FACTOR = 4.0  # an expert still silent this many times the first answe
 STRAGGLER_MIN = 1.0  # ... and at least this many seconds after it, is dropped from the step as slow
 
 
-async def _gather(calls: dict[str, object]) -> tuple[dict[str, object], dict[str, str]]:
-    """Await every ``calls[name]()`` concurrently: (answers by name, failures by name).
+async def _gather(calls: dict[str, tuple[RemoteExpert, Callable[[], Awaitable]]]
+                  ) -> tuple[dict[str, object], dict[str, str]]:
+    """Await every call of ``calls[name] = (expert, call)`` concurrently: (answers
+    by name, failures by name).
 
-    Once the first answer is in after w seconds, the others get until
+    Every expert's servers are looked up first (a lookup is cached for
+    ``refresh_interval``), and only then does the clock start: an expert whose
+    servers must first be found through the DHT is not a slow one.  Once the
+    first answer is in after w seconds, the others get until
     max(:data:`STRAGGLER_MIN`, :data:`STRAGGLER_FACTOR` × w) after the calls
     began; one still silent then is dropped as slow (its :class:`RemoteExpert`
     counts the failure and backs off from that server, so a dead expert costs
     the ensemble one wait, not one per step)."""
+    async with trio.open_nursery() as lookups:
+        for expert, _ in calls.values():
+            lookups.start_soon(expert.servers)
     answers: dict[str, object] = {}
     failures: dict[str, str] = {}
     started, first, left = trio.current_time(), trio.Event(), len(calls)
@@ -93,7 +102,7 @@ async def _gather(calls: dict[str, object]) -> tuple[dict[str, object], dict[str
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
-        for name, call in calls.items():
+        for name, (_, call) in calls.items():
             nursery.start_soon(one, name, call)
     for name in calls:
         if name not in answers and name not in failures:
@@ -133,7 +142,7 @@ class HDEEEnsemble:
         after the first.  ExpertUnavailable if no expert answered."""
         if ids.dtype != torch.int64 or ids.dim() != 1 or ids.numel() < 2:
             raise ValueError("ids are one sequence of int64 token ids, at least 2")
-        answers, dropped = await _gather({e: (lambda x=x: x(ids[None])) for e, x in self.experts.items()})
+        answers, dropped = await _gather({e: (x, lambda x=x: x(ids[None])) for e, x in self.experts.items()})
         answered = [e for e in self.expert_ids if e in answers]
         if not answered:
             raise ExpertUnavailable(f"no expert of the ensemble answered: {dropped}")
@@ -245,7 +254,7 @@ class DDMEnsemble:
             todo = {i: rows for i, rows in todo.items() if rows.any()}
             if not todo:
                 break
-            answers, failures = await _gather({i: (lambda i=i, rows=rows: self.experts[i](x[rows], times[rows]))
+            answers, failures = await _gather({i: (self.experts[i], lambda i=i, rows=rows: self.experts[i](x[rows], times[rows]))
                                                for i, rows in todo.items()})
             for i, rows in todo.items():
                 name = self.expert_ids[i]
