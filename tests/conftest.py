@@ -2,7 +2,7 @@
 
 Layers, each runnable alone: ``tests/unit`` (no sockets, under a minute),
 ``tests/sim`` (sans-IO simulations too big for that minute), ``tests/node``
-(in-process nodes on loopback), ``tests/daemon`` (real ``meshd`` processes),
+(in-process nodes on loopback), ``tests/daemon`` (real processes: ``meshd`` daemons, writers killed mid-write),
 ``tests/lab`` (network namespaces; needs root).
 """
 

@@ -1,16 +1,11 @@
 """The SQLite store: save/load round trips, compaction, the access rule across
-compaction, atomicity of its writes, and durability of acknowledged changes
-when the writing process is killed."""
+compaction and atomicity of its writes (acknowledged changes surviving ``kill -9``
+of the writer: tests/daemon/test_stores_survive_sigkill.py)."""
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import sqlite3
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -23,9 +18,6 @@ from crdt_helpers import Key, assert_converged, commit, deliver, forge, reconcil
 NAME = "run42"
 OWNER, W1, W2 = Key("owner"), Key("writer-1"), Key("writer-2")
 STRANGER = Key("stranger")
-TESTS = Path(__file__).resolve().parents[2]
-ROOT = TESTS.parent
-SUPPORT = TESTS / "support"
 
 
 def new_doc(name: str = NAME, **options) -> Document:
@@ -278,71 +270,3 @@ def test_a_node_can_reopen_its_store_after_writing_on_many_heads(tmp_path):
     loaded = Store(path).load(OWNER.pk, NAME)
     assert snapshot_of(loaded) == snapshot_of(w.doc)
 
-
-# --- durability when the writer is killed -----------------------------------------------------------------
-
-CHILD = r"""
-import sys
-sys.path[:0] = [sys.argv[2], sys.argv[3]]
-from crdt_helpers import Key
-from crdt.document import Document
-from crdt.store import Store
-
-owner, writer = Key("owner"), Key("writer-1")
-store = Store(sys.argv[1])
-doc = store.load(owner.pk, "durable")
-store.add_document(doc)
-
-def write(key, fill):
-    tx = doc.transaction()
-    fill(tx)
-    change = doc.prepare(tx, key.pk, key.sign, 0)
-    store.save(doc, [change])
-    doc.receive(change)
-    sys.stdout.write(change.id.hex() + "\n")
-    sys.stdout.flush()
-
-write(owner, lambda tx: tx.grant(writer.pk))
-n = 0
-while True:
-    n += 1
-    write((owner, writer)[n % 2], lambda tx: (tx.inc(["n"]), tx.set(["last"], n), tx.add(["seen"], n % 17)))
-    if n % 50 == 0:
-        store.compact(doc)
-"""
-
-
-def test_acknowledged_changes_survive_sigkill(tmp_path):
-    path = tmp_path / "durable.db"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(SUPPORT), str(ROOT)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
-    acknowledged = []
-    try:
-        while len(acknowledged) < 200:
-            line = child.stdout.readline()
-            if not line:
-                break
-            acknowledged.append(bytes.fromhex(line.decode().strip()))
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        error = child.stderr.read().decode()
-        child.stdout.close()
-        child.stderr.close()
-    assert len(acknowledged) == 200, error
-    assert child.returncode == -signal.SIGKILL
-
-    store = Store(path)
-    doc = store.load(OWNER.pk, "durable")
-    missing = [i.hex() for i in acknowledged if i not in doc]
-    assert not missing
-    assert doc.pending == 0
-    assert doc.get(["n"]) == len(doc) - 1  # every change after the grant counted once
-    assert doc.acl.members("writer") == {W1.pk}
-    # the store is usable: compact, reload, go on writing
-    store.compact(doc)
-    reloaded = store.load(OWNER.pk, "durable")
-    assert snapshot_of(reloaded) == snapshot_of(doc)
-    c = commit(reloaded, W1, lambda tx: tx.inc(["n"]))
-    store.save(reloaded, [c])
-    assert store.load(OWNER.pk, "durable").get(["n"]) == len(doc)

@@ -1,10 +1,6 @@
 """DHT record and provider stores (in memory and on SQLite) and the rate limiter."""
 
-import signal
 import sqlite3
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -243,24 +239,6 @@ def test_database_uses_wal(tmp_path):
     Database(tmp_path / "dht.sqlite").close()
     with sqlite3.connect(tmp_path / "dht.sqlite") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-
-
-def test_a_stored_record_survives_kill_9(tmp_path):
-    path = tmp_path / "dht.sqlite"
-    script = f"""
-import os, signal, sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
-from test_dht_records import NOW, Author
-from dht.validators import Validators
-from dht.storage import Database, RecordStore
-store = RecordStore(Database({str(path)!r}), bytes(32), Validators.default(), now=NOW)
-store.put(Author().record(b"/open/survivor"), NOW)
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-    child = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[3], timeout=60)
-    assert child.returncode == -signal.SIGKILL
-    with Database(path) as db:
-        assert record_store(db).get(b"/open/survivor", NOW) is not None
 
 
 def test_contacts_survive_reopening(tmp_path):

@@ -1,14 +1,10 @@
 """The chunk store: round trips, hash checks, dedup, batches and streams (bounded memory,
 pins before room is made), pins shared between models, gc and its limits, corruption on
-disk, and crash safety (a writer killed mid-put or mid-stream)."""
+disk (a writer killed mid-put or mid-stream: tests/daemon/test_stores_survive_sigkill.py)."""
 
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +13,6 @@ import pytest
 from meshd.services.shards import store as store_module
 from meshd.services.shards.store import ONCE, ChunkError, ChunkStore, StoreFull, chunk_id
 
-ROOT = Path(__file__).resolve().parents[3]
-FINAL = re.compile(r"[0-9a-f]{64}")
 M1, M2 = b"\x01" * 32, b"\x02" * 32
 
 
@@ -300,115 +294,3 @@ def test_failed_write_leaves_nothing(store, root, monkeypatch):
     assert not store.has(a) and files(root) == {} and store.total_bytes() == 0
     assert store.gc() == (0, 0)
     assert store.put(a, da) is True and store.get(a) == da
-
-
-CRASH_AT = """
-import os, sys
-from meshd.services.shards.store import ChunkStore, chunk_id
-store = ChunkStore(sys.argv[1], max_bytes=1 << 30)
-replace = os.replace
-def crash(src, dst):
-    if sys.argv[2] == "after-rename":
-        replace(src, dst)
-    os._exit(3)
-os.replace = crash
-data = b"x" * 5000
-store.put(chunk_id(data), data)
-"""
-
-
-@pytest.mark.parametrize("point", ["before-rename", "after-rename"])
-def test_crash_inside_put(root, point):
-    cid, data = chunk_id(b"x" * 5000), b"x" * 5000
-    proc = subprocess.run([sys.executable, "-c", CRASH_AT, str(root), point], cwd=ROOT,
-                          capture_output=True)
-    assert proc.returncode == 3, proc.stderr.decode()
-    assert set(files(root)) == {cid.hex() + (".tmp" if point == "before-rename" else "")}
-    with ChunkStore(root, max_bytes=1 << 30) as s:
-        assert not any(name.endswith(".tmp") for name in files(root))
-        if point == "before-rename":
-            assert s.missing([cid]) == [cid] and s.total_bytes() == 0
-        else:
-            assert s.get(cid) == data and s.total_bytes() == 5000
-
-
-WRITER = """
-import os, stat, sys
-from meshd.services.shards.store import ChunkStore, chunk_id
-def say(line):
-    sys.stdout.write(line + "\\n")
-    sys.stdout.flush()
-# announce (not change) the file operations inside put, so the test can kill at each
-fsync, replace = os.fsync, os.replace
-def announced_fsync(fd):
-    say("@fsync-dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "@fsync-file")
-    fsync(fd)
-def announced_replace(src, dst):
-    say("@replace")
-    replace(src, dst)
-os.fsync, os.replace = announced_fsync, announced_replace
-store = ChunkStore(sys.argv[1], max_bytes=1 << 40)
-if sys.argv[2] == "put":
-    for i in range(100000):
-        data = os.urandom(1 + i * 7919 % (512 * 1024))
-        cid = chunk_id(data)
-        store.put(cid, data)
-        say(cid.hex())
-elif sys.argv[2] == "stream":  # put_stream: groups of chunks, acknowledged when the call returns
-    for n in range(100000):
-        chunks = [os.urandom(1 + (n * 7 + i) * 7919 % (512 * 1024)) for i in range(7)]
-        for cid in store.put_stream(iter(chunks), window=1 << 20):
-            say(cid.hex())
-else:  # a fetch's writer: chunks handed over one by one, acknowledged by on_durable, in groups
-    writer = store.writer(window=1 << 20, on_durable=lambda ids: [say(cid.hex()) for cid in ids])
-    for i in range(100000):
-        data = os.urandom(1 + i * 7919 % (512 * 1024))
-        writer.put(chunk_id(data), data)
-"""
-
-
-@pytest.mark.parametrize("how, kill_at", [("put", "ack"), ("put", "@fsync-file"), ("put", "@replace"),
-                                          ("put", "@fsync-dir"), ("stream", "@fsync-file"), ("stream", "@replace"),
-                                          ("writer", "ack"), ("writer", "@fsync-file"), ("writer", "@replace"),
-                                          ("writer", "@fsync-dir")])
-def test_acknowledged_chunks_survive_sigkill(root, how, kill_at):
-    """A writer is killed after 100 acknowledged chunks, at the next ``kill_at`` (right after
-    an acknowledgement, or as it fsyncs a temp file, renames one, or fsyncs a folder); it
-    stores them one put at a time, seven at a time with put_stream, or as a fetch does:
-    handed one by one to a ChunkWriter, which acknowledges them a group at a time."""
-    child = subprocess.Popen([sys.executable, "-c", WRITER, str(root), how], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    lines, acks = [], 0
-    try:
-        while line := child.stdout.readline().decode().strip():
-            lines.append(line)
-            acks += FINAL.fullmatch(line) is not None
-            if acks >= 100 and (line == kill_at or kill_at == "ack" and line[0] != "@"):
-                break
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        lines += child.stdout.read().decode().split()  # printed before the kill
-        error = child.stderr.read().decode()
-        child.stdout.close()
-        child.stderr.close()
-    assert child.returncode == -signal.SIGKILL, error
-    acked = [bytes.fromhex(x) for x in lines if FINAL.fullmatch(x)]
-    assert len(acked) >= 100, error
-
-    # as the crash left it: whatever is under a final name is a whole chunk
-    on_disk = files(root)
-    for name, path in on_disk.items():
-        if FINAL.fullmatch(name):
-            assert chunk_id(path.read_bytes()).hex() == name
-        else:
-            assert name.endswith(".tmp")
-    with ChunkStore(root, max_bytes=1 << 40) as s:
-        on_disk = files(root)
-        assert all(FINAL.fullmatch(name) for name in on_disk)  # temp files cleaned on open
-        assert s.missing(acked) == []
-        assert all(s.get(cid) is not None for cid in acked)
-        assert s.total_bytes() == sum(p.stat().st_size for p in on_disk.values())
-        assert s.missing([bytes.fromhex(name) for name in on_disk]) == []
-        more, data = make(1)
-        assert s.put(more, data) is True
