@@ -382,12 +382,34 @@ async def test_an_expert_whose_servers_take_long_to_find_is_not_dropped_as_slow(
 
         async def slow_to_find_c0(expert_id, count=20):
             if expert_id == "c0":
-                await trio.sleep(2 * STRAGGLER_MIN)
+                await trio.sleep(1.2 * STRAGGLER_MIN)
             return await find(expert_id, count)
 
         service.servers = slow_to_find_c0
         out = await mx.DDMEnsemble(nodes[1], ["c0", "c1"], mode="uniform").sample(8, 2, steps=2)
         assert not out.dropped and out.rows == {"c0": 16, "c1": 16}
+
+
+async def test_an_expert_whose_lookup_hangs_holds_a_step_for_the_straggler_waits_only(tmp_path):
+    """An expert nobody is found for is looked for again each step, for up to FIND_WAIT (here
+    a lookup that hangs far longer): the step waits STRAGGLER_MIN for the lookups, then
+    STRAGGLER_MIN for the answers, and goes on without it."""
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 2)
+        await mx.serve(nodes[0], Flow([2.0, 0.0]), expert_id="c0", kind="flow")
+        service = nodes[1].service("experts")
+        find = service.servers
+
+        async def hangs_for_ghost(expert_id, count=20):
+            if expert_id == "ghost":
+                await trio.sleep(10 * STRAGGLER_MIN)
+            return await find(expert_id, count)
+
+        service.servers = hangs_for_ghost
+        started = trio.current_time()
+        out = await mx.DDMEnsemble(nodes[1], ["c0", "ghost"], mode="uniform").sample(8, 2, steps=1)
+        assert trio.current_time() - started < 5 * STRAGGLER_MIN
+        assert set(out.dropped) == {"ghost"} and out.rows == {"c0": 8}
 
 
 async def test_ddm_sampling_goes_on_without_an_expert_that_dies(tmp_path):

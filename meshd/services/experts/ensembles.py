@@ -71,18 +71,24 @@ async def _gather(calls: dict[str, tuple[RemoteExpert, Callable[[], Awaitable]]]
 
     Every expert's servers are looked up first (a lookup is cached for
     ``refresh_interval``), and only then does the clock start: an expert whose
-    servers must first be found through the DHT is not a slow one.  Once the
-    first answer is in after w seconds, the others get until
-    max(:data:`STRAGGLER_MIN`, :data:`STRAGGLER_FACTOR` × w) after the calls
-    began; one still silent then is dropped as slow (its :class:`RemoteExpert`
-    counts the failure and backs off from that server, so a dead expert costs
-    the ensemble one wait, not one per step)."""
-    async with trio.open_nursery() as lookups:
-        for expert, _ in calls.values():
-            lookups.start_soon(expert.servers)
+    servers must first be found through the DHT is not a slow one.  The
+    lookups get :data:`STRAGGLER_MIN` to end; one still looking then (nobody
+    found yet: it looks for up to ``FIND_WAIT``) goes on while the calls are
+    made, its call joining it.  Once the first answer is in after w seconds,
+    the others get until max(:data:`STRAGGLER_MIN`, :data:`STRAGGLER_FACTOR`
+    × w) after the calls began; one still silent then is dropped as slow (its
+    :class:`RemoteExpert` counts the failure and backs off from that server,
+    so a dead expert costs the ensemble one wait, not one per step)."""
     answers: dict[str, object] = {}
     failures: dict[str, str] = {}
-    started, first, left = trio.current_time(), trio.Event(), len(calls)
+    first, left, looking, looked = trio.Event(), len(calls), len(calls), trio.Event()
+
+    async def find(expert: RemoteExpert) -> None:
+        nonlocal looking
+        await expert.servers()
+        looking -= 1
+        if not looking:
+            looked.set()
 
     async def one(name: str, call) -> None:
         nonlocal left
@@ -101,6 +107,11 @@ async def _gather(calls: dict[str, tuple[RemoteExpert, Callable[[], Awaitable]]]
         nursery.cancel_scope.cancel()
 
     async with trio.open_nursery() as nursery:
+        for expert, _ in calls.values():
+            nursery.start_soon(find, expert)
+        with trio.move_on_after(STRAGGLER_MIN):
+            await looked.wait()
+        started = trio.current_time()
         nursery.start_soon(watch)
         for name, (_, call) in calls.items():
             nursery.start_soon(one, name, call)
