@@ -38,6 +38,8 @@ CLOSE_REFUSED = 0x102
 CLOSE_REPLACED = 0x103
 REPLACED_REASON = "replaced by another connection to the same peer"
 _LAST_STREAM = re.compile(r"\(last stream (-?\d+)\)$")
+_UNSEEN = re.compile(r"\(unseen (\d+(?: \d+){0,31})\) \(last stream -?\d+\)$")
+_MAX_UNSEEN_NAMED = 32  # stream ids a replaced connection's close names as unseen (its reason stays small)
 _MIN_FLUSH_BATCH = 16  # writes; smaller bursts go out in one flush per scheduling round
 
 
@@ -180,19 +182,26 @@ class PeerConnection:
     def close_replaced(self) -> None:
         """Close because another connection to the peer replaces this one.
 
-        The reason names the last stream of the peer's that we accepted; the
-        peer's later streams were never seen here, so it fails them as
-        :class:`~meshd.streams.StreamRefused` and may send them again.
+        The reason names the last stream of the peer's that we accepted, and
+        those below it that a later one opened but whose bytes never came
+        (the first :data:`_MAX_UNSEEN_NAMED`); none of these was seen here, so
+        the peer fails them as :class:`~meshd.streams.StreamRefused` and may
+        send them again.
         """
-        self.close(CLOSE_REPLACED, f"{REPLACED_REASON} (last stream {self._last_peer_stream})")
+        unseen = sorted(self._unseen_peer_streams)[:_MAX_UNSEEN_NAMED]
+        named = f" (unseen {' '.join(map(str, unseen))})" if unseen else ""
+        self.close(CLOSE_REPLACED, f"{REPLACED_REASON}{named} (last stream {self._last_peer_stream})")
 
-    def _fail_streams(self, reason: str, refused_after: int | None = None) -> None:
-        """Fail every open stream; ours above ``refused_after`` as never seen by the peer."""
+    def _fail_streams(self, reason: str, refused_after: int | None = None,
+                      unseen: frozenset[int] = frozenset()) -> None:
+        """Fail every open stream; ours above ``refused_after``, or in ``unseen``, as never
+        seen by the peer."""
         streams, self._streams = self._streams, {}
         ours = 0 if self.dialed else 1
         for stream in streams.values():
             sid = stream.stream_id
-            refused = refused_after is not None and sid % 4 == ours and sid > refused_after
+            refused = (refused_after is not None and sid % 4 == ours
+                       and (sid > refused_after or sid in unseen))
             stream.peer_aborted(reason, refused=refused)
         self._blocked.clear()
         self._idle.unpark_all()
@@ -355,20 +364,22 @@ class PeerConnection:
             log.debug("datagram size to %s: %d -> %d (%s)", where, event.previous, event.size, event.reason)
 
     def _on_terminated(self, event: ev.ConnectionTerminated) -> None:
-        refused_after = None
+        refused_after, unseen = None, frozenset()
         if event.error_code == CLOSE_REPLACED:
             match = _LAST_STREAM.search(event.reason_phrase)
             refused_after = int(match.group(1)) if match else None
+            named = _UNSEEN.search(event.reason_phrase)
+            unseen = frozenset(map(int, named.group(1).split())) if named else frozenset()
         self._finish(event.reason_phrase or _close_reason(event.error_code, self.peer_id),
-                     refused_after)
+                     refused_after, unseen)
 
-    def _finish(self, reason: str, refused_after: int | None = None) -> None:
+    def _finish(self, reason: str, refused_after: int | None = None, unseen: frozenset[int] = frozenset()) -> None:
         """The connection is over: fail its streams and tell whoever waits."""
         if self.terminated.is_set():
             return
         if self.close_reason is None:
             self.close_reason = reason
-        self._fail_streams(f"connection lost: {self.close_reason}", refused_after)
+        self._fail_streams(f"connection lost: {self.close_reason}", refused_after, unseen)
         self.terminated.set()
         self.established.set()  # wake anyone waiting for a handshake that will not come
         if self._timer_scope is not None:

@@ -8,7 +8,7 @@ import trio.testing
 
 from meshd.identity import Identity
 from meshd.rpc import RpcServer, client_stream_call, unary_call
-from meshd.streams import StreamAborted
+from meshd.streams import StreamAborted, StreamRefused
 from meshd.transport import DialError, Endpoint, TransportConfig
 from meshd.transport.stream import SEND_HIGH_WATER
 
@@ -110,6 +110,23 @@ async def test_a_stream_whose_first_bytes_come_after_a_later_streams_is_served(p
     with trio.fail_after(5):
         assert await unary_call(lambda: _ready(second), "echo", "second", 10, MAX) == "second"
         assert await unary_call(lambda: _ready(first), "echo", "first", 10, MAX) == "first"
+
+
+async def test_a_replaced_connection_refuses_a_stream_it_knew_of_only_by_a_later_ones_number(pair):
+    """Stream 4 reached the peer before stream 0 wrote anything; the peer then closes the
+    connection as replaced.  Stream 0 was never seen there, so it fails as refused (the
+    caller may send it again), not as lost with its request perhaps acted on.  (The close
+    named only the last stream seen, 4, so 0 failed as UNAVAILABLE.)"""
+    a, b = pair
+    conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
+    first, second = conn.open_stream(), conn.open_stream()
+    with trio.fail_after(5):
+        assert await unary_call(lambda: _ready(second), "echo", "second", 10, MAX) == "second"
+        [served] = a.connections
+        served.close_replaced()
+        await conn.terminated.wait()
+    with pytest.raises(StreamRefused):
+        await first.send_all(b"x")
 
 
 async def test_a_reader_that_stops_reading_stops_the_writer(nursery):
