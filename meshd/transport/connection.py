@@ -37,10 +37,22 @@ CLOSE_AUTH_FAILED = 0x101
 CLOSE_REFUSED = 0x102
 CLOSE_REPLACED = 0x103
 REPLACED_REASON = "replaced by another connection to the same peer"
-_LAST_STREAM = re.compile(r"\(last stream (-?\d+)\)$")
-_UNSEEN = re.compile(r"\(unseen (\d+(?: \d+){0,31})\) \(last stream -?\d+\)$")
+# a stream id is below 2**62: at most 19 digits (a longer number in a peer's reason is not one)
+_LAST_STREAM = re.compile(r"\(last stream (-1|\d{1,19})\)$")
+_UNSEEN = re.compile(r"\(unseen (\d{1,19}(?: \d{1,19}){0,31})\) \(last stream (?:-1|\d{1,19})\)$")
 _MAX_UNSEEN_NAMED = 32  # stream ids a replaced connection's close names as unseen (its reason stays small)
 _MIN_FLUSH_BATCH = 16  # writes; smaller bursts go out in one flush per scheduling round
+
+
+def unseen_by_peer(reason: str) -> tuple[int | None, frozenset[int]]:
+    """What the reason of a peer's close as replaced says it never saw: ``(last, unseen)``,
+    our streams above ``last`` and those in ``unseen`` (``(None, {})`` when it says
+    nothing of the kind).  Peer data: any text gives an answer, never an error."""
+    last = _LAST_STREAM.search(reason)
+    if last is None:
+        return None, frozenset()
+    named = _UNSEEN.search(reason)
+    return int(last.group(1)), frozenset(map(int, named.group(1).split())) if named else frozenset()
 
 
 class ConnectionOwner(Protocol):
@@ -366,10 +378,7 @@ class PeerConnection:
     def _on_terminated(self, event: ev.ConnectionTerminated) -> None:
         refused_after, unseen = None, frozenset()
         if event.error_code == CLOSE_REPLACED:
-            match = _LAST_STREAM.search(event.reason_phrase)
-            refused_after = int(match.group(1)) if match else None
-            named = _UNSEEN.search(event.reason_phrase)
-            unseen = frozenset(map(int, named.group(1).split())) if named else frozenset()
+            refused_after, unseen = unseen_by_peer(event.reason_phrase)
         self._finish(event.reason_phrase or _close_reason(event.error_code, self.peer_id),
                      refused_after, unseen)
 
