@@ -28,6 +28,7 @@ from meshd.identity import PeerId
 from meshd.lane import _Framer
 from meshd.rpc.protocol import END_FRAME, ERROR, ITEM, REPLY, SERVER_STREAM, UNARY, request_frame
 from meshd.services.experts.tensors import to_wire as expert_to_wire
+from meshd.transport.connection import REPLACED_REASON
 from meshd.services.shards.format import encode_tensors, sign_manifest
 from meshd.services.shards.names import Version, encode_versions
 from meshd.wire import pack
@@ -225,6 +226,9 @@ SEEDS: dict[str, Callable[[], Iterable[bytes]]] = {
     "shard_manifest": _manifest, "safetensors_header": _safetensors_header, "relay": _relay,
     "punch": _punch, "autonat": _autonat, "learn_tensor_set": _learn_tensor_set,
     "learn_codec": _learn_codec, "expert_tensors": _expert_tensors,
+    "replaced_reason": lambda: [f"{REPLACED_REASON} (last stream 4)".encode(),
+                                f"{REPLACED_REASON} (unseen 0 8) (last stream 12)".encode(),
+                                f"{REPLACED_REASON} (last stream -1)".encode()],
 }
 
 

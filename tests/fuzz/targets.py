@@ -49,6 +49,7 @@ from meshd.services.experts.config import ExpertsSection
 from meshd.services.experts.tensors import from_wire as expert_tensors_from_wire
 from meshd.services.shards.format import ManifestError, decode_manifest, parse_header
 from meshd.services.shards.names import decode_versions
+from meshd.transport.connection import unseen_by_peer
 from meshd.wire import FrameDecoder, FrameError, unpack
 from nat import natpmp
 from nat.autonat import Verdict, parse_dial_back, parse_exclude, reachable_of
@@ -159,6 +160,13 @@ def lane_frames(data: bytes) -> None:
 def lane_request(data: bytes) -> None:
     """An opened lane frame from an authenticated client: a request for chunk ids."""
     _parse_request(data)
+
+
+@target()
+def replaced_reason(data: bytes) -> None:
+    """The reason phrase of a peer's close as replaced (aioquic hands it over as text),
+    through ``unseen_by_peer``: an answer for any text."""
+    unseen_by_peer(data.decode("utf-8", errors="replace"))
 
 
 # --- the DHT ------------------------------------------------------------------------------
