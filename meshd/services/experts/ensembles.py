@@ -82,6 +82,8 @@ async def _gather(calls: dict[str, tuple[RemoteExpert, Callable[[], Awaitable]]]
     answers: dict[str, object] = {}
     failures: dict[str, str] = {}
     first, left, looking, looked = trio.Event(), len(calls), len(calls), trio.Event()
+    if not calls:
+        return answers, failures
 
     async def find(expert: RemoteExpert) -> None:
         nonlocal looking
