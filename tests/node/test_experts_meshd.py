@@ -369,6 +369,19 @@ async def test_ddm_over_the_mesh_is_the_local_sampler_and_calls_only_whom_it_rou
         assert sum(out.rows.values()) == 8 * 32 * per_step  # each sample went only to the experts it weighs
 
 
+def _slow_to_find(node, expert_id: str, seconds: float) -> None:
+    """Make ``node``'s lookups of ``expert_id``'s servers take ``seconds`` longer."""
+    service = node.service("experts")
+    find = service.servers
+
+    async def slow(wanted, count=20):
+        if wanted == expert_id:
+            await trio.sleep(seconds)
+        return await find(wanted, count)
+
+    service.servers = slow
+
+
 async def test_an_expert_whose_servers_take_long_to_find_is_not_dropped_as_slow(tmp_path):
     """The straggler clock starts once every expert's servers are known: an expert the
     first step must find through a slow DHT lookup, while the local one answers at once,
@@ -377,15 +390,7 @@ async def test_an_expert_whose_servers_take_long_to_find_is_not_dropped_as_slow(
         nodes = await open_nodes(stack, tmp_path, 2)
         await mx.serve(nodes[0], Flow([2.0, 0.0]), expert_id="c0", kind="flow")
         await mx.serve(nodes[1], Flow([-2.0, 0.0]), expert_id="c1", kind="flow")
-        service = nodes[1].service("experts")
-        find = service.servers
-
-        async def slow_to_find_c0(expert_id, count=20):
-            if expert_id == "c0":
-                await trio.sleep(1.2 * STRAGGLER_MIN)
-            return await find(expert_id, count)
-
-        service.servers = slow_to_find_c0
+        _slow_to_find(nodes[1], "c0", 1.2 * STRAGGLER_MIN)
         out = await mx.DDMEnsemble(nodes[1], ["c0", "c1"], mode="uniform").sample(8, 2, steps=2)
         assert not out.dropped and out.rows == {"c0": 16, "c1": 16}
 
@@ -397,15 +402,7 @@ async def test_an_expert_whose_lookup_hangs_holds_a_step_for_the_straggler_waits
     async with AsyncExitStack() as stack:
         nodes = await open_nodes(stack, tmp_path, 2)
         await mx.serve(nodes[0], Flow([2.0, 0.0]), expert_id="c0", kind="flow")
-        service = nodes[1].service("experts")
-        find = service.servers
-
-        async def hangs_for_ghost(expert_id, count=20):
-            if expert_id == "ghost":
-                await trio.sleep(10 * STRAGGLER_MIN)
-            return await find(expert_id, count)
-
-        service.servers = hangs_for_ghost
+        _slow_to_find(nodes[1], "ghost", 10 * STRAGGLER_MIN)
         started = trio.current_time()
         out = await mx.DDMEnsemble(nodes[1], ["c0", "ghost"], mode="uniform").sample(8, 2, steps=1)
         assert trio.current_time() - started < 5 * STRAGGLER_MIN
