@@ -267,8 +267,9 @@ class DDMEnsemble:
             todo = {i: rows for i, rows in todo.items() if rows.any()}
             if not todo:
                 break
-            answers, failures = await _gather({i: (self.experts[i], lambda i=i, rows=rows: self.experts[i](x[rows], times[rows]))
-                                               for i, rows in todo.items()})
+            answers, failures = await _gather({
+                i: (self.experts[i], lambda i=i, rows=rows: self.experts[i](x[rows], times[rows]))
+                for i, rows in todo.items()})
             for i, rows in todo.items():
                 name = self.expert_ids[i]
                 sampled.calls[name] = sampled.calls.get(name, 0) + 1
