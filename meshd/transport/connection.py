@@ -37,10 +37,11 @@ CLOSE_AUTH_FAILED = 0x101
 CLOSE_REFUSED = 0x102
 CLOSE_REPLACED = 0x103
 REPLACED_REASON = "replaced by another connection to the same peer"
-# a stream id is below 2**62: at most 19 digits (a longer number in a peer's reason is not one)
-_LAST_STREAM = re.compile(r"\(last stream (-1|\d{1,19})\)$")
-_UNSEEN = re.compile(r"\(unseen (\d{1,19}(?: \d{1,19}){0,31})\) \(last stream (?:-1|\d{1,19})\)$")
 _MAX_UNSEEN_NAMED = 32  # stream ids a replaced connection's close names as unseen (its reason stays small)
+# "(unseen 0 8) (last stream 12)", the first part optional; a stream id is below 2**62, so at
+# most 19 digits (a longer number in a peer's reason is not one)
+_NEVER_SEEN = re.compile(r"(?:\(unseen (\d{1,19}(?: \d{1,19}){0,%d})\) )?\(last stream (-1|\d{1,19})\)$"
+                         % (_MAX_UNSEEN_NAMED - 1))
 _MIN_FLUSH_BATCH = 16  # writes; smaller bursts go out in one flush per scheduling round
 
 
@@ -48,11 +49,11 @@ def unseen_by_peer(reason: str) -> tuple[int | None, frozenset[int]]:
     """What the reason of a peer's close as replaced says it never saw: ``(last, unseen)``,
     our streams above ``last`` and those in ``unseen`` (``(None, {})`` when it says
     nothing of the kind).  Peer data: any text gives an answer, never an error."""
-    last = _LAST_STREAM.search(reason)
-    if last is None:
+    said = _NEVER_SEEN.search(reason)
+    if said is None:
         return None, frozenset()
-    named = _UNSEEN.search(reason)
-    return int(last.group(1)), frozenset(map(int, named.group(1).split())) if named else frozenset()
+    unseen, last = said.groups()
+    return int(last), frozenset(map(int, unseen.split())) if unseen else frozenset()
 
 
 class ConnectionOwner(Protocol):
