@@ -423,7 +423,11 @@ async def test_a_roster_fixed_otherwise_than_the_round_befores_is_logged_with_th
         with caplog.at_level("INFO", logger="meshd.learning"):
             assert len(await lowest.roster(0)) == 3
             assert not [r for r in caplog.records if "fixed round" in r.message]  # the first: nothing to compare
+            # the lowest loses sight of the middle and hears it no more: a greeting still in
+            # flight from the start put it back once (CI), on round 1 as it was on round 0's roster
             lowest.view.drop(middle.me)
+            take = lowest.hello_from
+            lowest.hello_from = lambda peer, info: None if peer.key == middle.me else take(peer, info)
             lowest.round = 1
             assert middle.me not in await lowest.roster(1)
         [record] = [r for r in caplog.records if "fixed round 1's roster" in r.message]
