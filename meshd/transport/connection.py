@@ -130,6 +130,7 @@ class PeerConnection:
         self._keepalive_interval = keepalive_interval
         self._ping_ids = itertools.count()
         self._tx_pending = False
+        self.received_since_flush = False  # read by the endpoint's receive loop
         self._tx_writes = 0
         self._tx_streams = 0  # most streams open at once since the last flush
         self._tx_lot = trio.lowlevel.ParkingLot()
@@ -242,10 +243,14 @@ class PeerConnection:
     def _transmit(self) -> None:
         quic = self.quic
         send = self.endpoint.send_datagram
+        self.received_since_flush = False
         self._tx_writes = 0
         self._tx_streams = len(self._streams)
         now = trio.current_time()
-        for data, addr in quic.datagrams_to_send(now=now):
+        datagrams = quic.datagrams_to_send(now=now)
+        if not datagrams:
+            self.endpoint.stats["idle_flushes"] += 1
+        for data, addr in datagrams:
             send(data, addr)
         probe = quic.pmtu_probe(now)
         if probe is not None:

@@ -265,6 +265,11 @@ class MeshQuicConnection(QuicConnection):
     # every second packet received (bulk senders hear often), or alone after the
     # delay: one packet each way per call.
 
+    @property
+    def handshake_confirmed(self) -> bool:
+        """Both ends hold 1-RTT keys and know it (RFC 9001 section 4.1.2)."""
+        return self._handshake_confirmed
+
     def ack_at_once(self) -> None:
         """Send every ACK alone as soon as what it acknowledges is processed (the
         policy before ACKs rode on data: more datagrams, an earlier wake-up)."""

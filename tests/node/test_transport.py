@@ -97,6 +97,22 @@ async def test_many_concurrent_calls_share_one_connection(pair):
     assert b.endpoint.connection_count == 1
 
 
+async def test_a_lone_call_flushes_each_side_once_its_ack_riding_on_the_reply(pair):
+    """Neither side flushes right after a datagram of a lone call arrives (with
+    ACKs riding on data that flush finds nothing to send): the handler's reply,
+    and the caller's next request, carry the ACK."""
+    a, b = pair
+    conn = await b.endpoint.dial(*a.addr, a.identity.peer_id)
+    call = lambda: unary_call(lambda: _ready(conn.open_stream()), "echo", b"x" * 128, 5, MAX)  # noqa: E731
+    for _ in range(5):  # the handshake's and identify's packets settle
+        await call()
+    before = a.endpoint.stats["idle_flushes"], b.endpoint.stats["idle_flushes"]
+    for _ in range(40):
+        assert await call() == b"x" * 128
+    after = a.endpoint.stats["idle_flushes"], b.endpoint.stats["idle_flushes"]
+    assert after[0] - before[0] <= 4 and after[1] - before[1] <= 4, (before, after)
+
+
 async def test_a_stream_whose_first_bytes_come_after_a_later_streams_is_served(pair):
     """Streams are numbered as they are opened, but a caller may write a later one first
     (its task got there first); the peer then hears stream 4 before stream 0.  Opening 4
