@@ -289,7 +289,7 @@ class Endpoint:
         calls per second by a third (docs/performance.md).
         """
         lone = [conn for conn in dirty if conn.open_streams <= 1 and conn.quic.handshake_confirmed]
-        if not lone or not trio.lowlevel.current_statistics().tasks_runnable:
+        if not lone:
             return
         for conn in lone:
             conn.received_since_flush = True
