@@ -28,7 +28,8 @@ def due(step: int, inner_steps: int, parts: int) -> list[int]:
     fragment p at the steps ≡ (p+1)·H/P (mod H)."""
     if not 1 <= parts <= inner_steps:
         raise ValueError("fragments must be 1 to inner_steps")
-    return [p for p in range(parts) if step >= 1 and step % inner_steps == ((p + 1) * inner_steps // parts) % inner_steps]
+    return [p for p in range(parts)
+            if step >= 1 and step % inner_steps == ((p + 1) * inner_steps // parts) % inner_steps]
 
 
 def mix(local: torch.Tensor, global_: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:

@@ -11,10 +11,9 @@ It agrees with ``torch.optim.SGD(nesterov=True)`` to float32 rounding.
 
 from __future__ import annotations
 
-import blake3
 import torch
 
-from .tensors import dtype_name, tensor_view
+from .tensors import dtype_name, tensor_hasher, tensor_view
 
 
 class OuterSGD:
@@ -59,7 +58,7 @@ class OuterSGD:
 def state_hash(*states: dict[str, torch.Tensor]) -> bytes:
     """blake3 of the states: per state, each entry in name order with its name,
     dtype, shape and bytes.  Equal exactly when every bit is."""
-    hasher = blake3.blake3()
+    hasher = tensor_hasher()
     for state in states:
         hasher.update(len(state).to_bytes(4, "little"))
         for name in sorted(state):

@@ -12,6 +12,7 @@ import ctypes
 import math
 import warnings
 
+import blake3
 import torch
 
 DTYPES = {
@@ -22,6 +23,19 @@ DTYPES = {
 NAMES = {dtype: name for name, dtype in DTYPES.items()}
 _CHUNK = 4096
 _INT64 = 1 << 63
+
+
+def hash_threads() -> int:
+    """Threads blake3 may use on tensors' bytes: as many as torch uses
+    (``torch.get_num_threads``, which ``OMP_NUM_THREADS`` sets).  The digest is
+    the same for any count; a model's state hashes several times faster on a
+    machine with idle cores (blake3 lets go of the GIL while it works)."""
+    return max(1, torch.get_num_threads())
+
+
+def tensor_hasher() -> blake3.blake3:
+    """A blake3 hasher on :func:`hash_threads` threads."""
+    return blake3.blake3(max_threads=hash_threads())
 
 
 def shape_fits(shape: tuple[int, ...]) -> bool:

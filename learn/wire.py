@@ -268,9 +268,10 @@ def subset_of(members: list[bytes], bits: object) -> list[bytes]:
     return [key for i, key in enumerate(members) if bits[i // 8] >> (i % 8) & 1]
 
 
-def digest_of(named: Iterable[tuple[str, Encoded]]) -> bytes:
-    """blake3 over the tensors in name order: name, codec, dtype, shape, block, payload."""
-    hasher = blake3.blake3()
+def digest_of(named: Iterable[tuple[str, Encoded]], threads: int = 1) -> bytes:
+    """blake3 over the tensors in name order: name, codec, dtype, shape, block, payload
+    (on up to ``threads`` threads: the same digest for any count)."""
+    hasher = blake3.blake3(max_threads=threads)
     for name, enc in sorted(named, key=lambda item: item[0]):
         header = msgpack.packb([name, enc.codec, enc.dtype, list(enc.shape), enc.block, len(enc.payload)])
         hasher.update(len(header).to_bytes(4, "little") + header)

@@ -119,7 +119,8 @@ async def _gather(calls: dict[str, tuple[RemoteExpert, Callable[[], Awaitable]]]
             nursery.start_soon(one, name, call)
     for name in calls:
         if name not in answers and name not in failures:
-            failures[name] = f"no answer by {trio.current_time() - started:.1f} s, long after the others: dropped as slow"
+            waited = trio.current_time() - started
+            failures[name] = f"no answer by {waited:.1f} s, long after the others: dropped as slow"
     return answers, failures
 
 

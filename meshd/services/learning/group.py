@@ -374,7 +374,7 @@ class Group:
         """``named`` as a contribution of ``kind`` signed by this member (``digest``: its
         :func:`learn.wire.digest_of`, if taken already)."""
         contribution = Contribution(group=self.name, round=round, author=self.me, kind=kind,
-                                    samples=samples, digest=digest or digest_of(named))
+                                    samples=samples, digest=digest or digest_of(named, _hash_threads()))
         return Offer(contribution, contribution.sign(self._host.identity.sign), named)
 
     def offer(self, kind: str, round: int, named: list, samples: int = 0) -> None:
@@ -820,11 +820,12 @@ class Group:
         is served from it: from now on the slice is served from a copy if a member
         may still ask (one on the roster does not have it, or one off the roster is
         live or only lately quiet: a stall of this process leaves hellos unread,
-        and a member off the roster that looked gone then found no slice), else not at all; then wait for the sends of the slice under way
-        to end, so none reads the vector once the caller writes it: until a
-        round's timeout past ``deadline`` at most (a send waits that long for
-        its fetcher), as a member that began its round later than this one
-        fetches past this one's deadline."""
+        and a member off the roster that looked gone then found no slice), else
+        not at all; then wait for the sends of the slice under way to end, so
+        none reads the vector once the caller writes it: until a round's
+        timeout past ``deadline`` at most (a send waits that long for its
+        fetcher), as a member that began its round later than this one fetches
+        past this one's deadline."""
         offer = exchange.offer
         if exchange.served_all.is_set() and {*self.live(), *self._lately_quiet()} <= set(exchange.roster):
             exchange.offer = None
@@ -931,7 +932,7 @@ class Group:
         members = exchange.core.members
         reducer = PeerId(members[index])
         named = [("slice", encoded)]
-        digest = await trio.to_thread.run_sync(digest_of, named)  # (blake3 lets go of the GIL: the loop goes on)
+        digest = await trio.to_thread.run_sync(digest_of, named, _hash_threads())  # (blake3 lets go of the GIL)
         offer = self._sign(exchange.key[0], f"part:{exchange.key[1]}:{index}", named, samples, digest)
         head = {"group": self.name, "key": list(exchange.key), "index": index, "roster": roster_digest(members)}
 
@@ -1281,6 +1282,12 @@ class _Accumulate:
         if at % 4:
             raise ValueError("a streamed part's chunks hold whole float32 values")
         self.core.add(self.peer, at // 4, self._values(chunk))
+
+
+def _hash_threads() -> int:
+    from learn.tensors import hash_threads  # noqa: PLC0415  (torch only where tensors are)
+
+    return hash_threads()
 
 
 def _fresh(name: str, codec: str, nbytes: int) -> memoryview | None:

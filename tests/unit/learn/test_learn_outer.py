@@ -85,3 +85,15 @@ def test_the_state_hash_covers_names_dtypes_shapes_and_which_state():
     assert base != state_hash({}, {"w": w})
     assert state_hash({"w": torch.arange(6.0).view(2, 3).t()}, {}) == \
         state_hash({"w": torch.arange(6.0).view(2, 3).t().contiguous()}, {})
+
+
+def test_the_state_hash_does_not_depend_on_how_many_threads_torch_runs():
+    state = {"w": torch.arange(1 << 20, dtype=torch.float32), "b": torch.ones(3)}  # 4 MiB: blake3 splits it
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = state_hash(state, state)
+        torch.set_num_threads(4)
+        assert state_hash(state, state) == one
+    finally:
+        torch.set_num_threads(threads)

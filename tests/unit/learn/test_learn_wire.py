@@ -175,6 +175,12 @@ def test_the_digest_covers_every_field_and_not_the_order():
     assert digest_of(named[:1]) != digest
 
 
+def test_the_digest_does_not_depend_on_how_many_threads_hash():
+    big = Encoded("none", "uint8", (3 << 20,), 64, bytes(range(256)) * (3 << 12))  # blake3 splits it
+    named = [("big", big), ("small", _encoded("none", "int64", (2,), 64, 2))]
+    assert digest_of(named, threads=1) == digest_of(named, threads=4) == digest_of(named)
+
+
 class _Keys:
     """Toy signatures for the injected sign/verify: blake3-keyed, enough to test the binding."""
 
