@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,7 @@ from ..rpc.client import unary_call
 from ..rpc.errors import RpcError
 from ..streams import StreamAborted
 from ..transport.endpoint import DialError
-from .attacks import stranger
+from .attacks import START_WITHIN, UNDER_WAY_LINE, stranger
 from .localmesh import Daemon
 
 HONEST_INTERVAL = 0.005  # seconds between the honest peer's calls
@@ -128,11 +129,31 @@ async def time_new_peer(target: PeerAddr, timeout: float = 5.0) -> float | None:
     return None
 
 
-def start_attacker(target: PeerAddr, attacks: list[str], seconds: float, cpu: int) -> subprocess.Popen:
-    """The attacker process, pinned to ``cpu`` at nice 19; it prints its counters when done."""
+def start_attacker(target: PeerAddr, attacks: list[str], seconds: float, cpu: int,
+                   nice: int = 19) -> subprocess.Popen:
+    """The attacker process, pinned to ``cpu`` at ``nice``; it prints its counters when done."""
     cmd = [sys.executable, "-m", "meshd.testing.attacks", str(target), ",".join(attacks),
-           str(seconds), "--cpu", str(cpu), "--nice", "19"]
+           str(seconds), "--cpu", str(cpu), "--nice", str(nice)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_under_way(proc: subprocess.Popen, timeout: float) -> str | None:
+    """Wait until the attacker says every attack is under way: None, else why not
+    (it said something else, or nothing within ``timeout``).  The honest calls
+    are timed from then: the attacker spends about a second importing, more on
+    a busy machine, before its first packet."""
+    fd = proc.stdout.fileno()  # read raw: nothing may sit in the text buffer for communicate()
+    want = f"{UNDER_WAY_LINE}\n".encode()
+    line = b""
+    deadline = time.monotonic() + timeout
+    while want.startswith(line) and line != want:
+        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            return f"the attacker was not under way within {timeout:.0f} s"
+        got = os.read(fd, len(want) - len(line))
+        if not got:
+            break
+        line += got
+    return None if line == want else f"the attacker said {line!r}, not that it was under way"
 
 
 def attacker_counters(proc: subprocess.Popen, timeout: float) -> dict:
@@ -149,13 +170,17 @@ def attacker_counters(proc: subprocess.Popen, timeout: float) -> dict:
 
 
 async def run_phase(attacks: list[str], *, quiet_s: float, attack_s: float,
-                    config: dict | None = None, data_root: Path | None = None) -> Phase:
+                    config: dict | None = None, data_root: Path | None = None,
+                    attacker_nice: int = 19) -> Phase:
     """One phase against a fresh daemon (see the module docstring).
 
     The daemon has one core to itself; the attacker, at the lowest priority
     (nice 19), shares the other with this process, so the honest peer's own
     calls wait for no attacker and what they measure is the daemon (on a
-    one-core machine all three share it).
+    one-core machine all three share it).  The honest calls are timed once
+    every attack is under way.  ``attacker_nice`` = 0 is for tests that check
+    bounds, not latency: beside another busy process on its core (a test
+    suite's other worker), a nice-19 attacker gets almost no CPU.
     """
     daemon_cpu, attacker_cpu = cores()
     own_cores = os.sched_getaffinity(0)
@@ -167,10 +192,13 @@ async def run_phase(attacks: list[str], *, quiet_s: float, attack_s: float,
             target = daemon.address
             quiet = await time_calls(target, quiet_s)
             rss_before, _ = memory_kib(daemon.proc.pid)
-            attacker = start_attacker(target, attacks, _WARM_UP + attack_s, attacker_cpu)
+            attacker = start_attacker(target, attacks, _WARM_UP + attack_s, attacker_cpu, attacker_nice)
+            late = await trio.to_thread.run_sync(wait_under_way, attacker, START_WITHIN + 30)
             await trio.sleep(_WARM_UP)
             attacked, new_peer = await _under_attack(target, attack_s)
             counters = await trio.to_thread.run_sync(attacker_counters, attacker, attack_s + 30)
+            if late:
+                counters["error"] = late
             alive = daemon.running
             rss_after, rss_peak = memory_kib(daemon.proc.pid) if alive else (0, 0)
         finally:

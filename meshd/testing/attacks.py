@@ -2,9 +2,10 @@
 
 Run as a process of its own (``python -m meshd.testing.attacks ADDR ATTACK[,ATTACK]
 SECONDS [--cpu N] [--nice 19]``) so its CPU is not the target's: it pins itself to core N,
-runs the attacks together for SECONDS and prints one JSON object of counters
-(what it sent, what came back, what was refused).  ``meshd.testing.abuse``
-drives it; docs/security.md says what each attack checks.
+prints "under way" once every attack is, runs them together SECONDS more and
+prints one JSON object of counters (what it sent, what came back, what was
+refused).  ``meshd.testing.abuse`` drives it; docs/security.md says what each
+attack checks.
 
 Every attack is ``async def attack(target, stats)``: it adds to the ``stats``
 counter as it goes and runs until its cancel scope ends.  The authenticated
@@ -21,6 +22,7 @@ import os
 import random
 import socket
 import struct
+import sys
 from collections import Counter
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable
@@ -304,13 +306,49 @@ ATTACKS: dict[str, Attack] = {
 }
 
 
-async def run(target: PeerAddr, names: list[str], seconds: float) -> Counter:
-    """Run the named attacks together for ``seconds``; the counters they kept.
+# What each attack counts once it is under way (or ``NAME_failed:``, once it gave up).
+UNDER_WAY = {
+    "garbage": "garbage_datagrams", "initial_flood": "initials", "half_handshakes": "half_handshakes",
+    "unfinished_streams": "stalled_streams", "oversized_frames": "oversized_", "call_flood": "flood_",
+    "fresh_identities": "fresh_", "slow_readers": "slow_calls",
+}
+START_WITHIN = 60.0  # seconds the attacks get to be under way (a starved attacker takes long)
+UNDER_WAY_LINE = "under way"  # what the process prints then, on a line of its own
+
+
+class _Counters(Counter):
+    """The attacks' counters; ``under_way`` is set once each attack in ``names``
+    has counted what it does (or failed)."""
+
+    def __init__(self, names: list[str]):
+        super().__init__()
+        self._waiting = {name: (UNDER_WAY[name], f"{name}_failed:") for name in names}
+        self.under_way = trio.Event()
+
+    def __setitem__(self, key: str, value: int) -> None:
+        super().__setitem__(key, value)
+        if self._waiting:
+            for name in [n for n, prefixes in self._waiting.items() if key.startswith(prefixes)]:
+                del self._waiting[name]
+            if not self._waiting:
+                self.under_way.set()
+
+    def late(self) -> list[str]:
+        """The attacks not under way yet."""
+        return sorted(self._waiting)
+
+
+async def run(target: PeerAddr, names: list[str], seconds: float,
+              under_way: Callable[[], None] = lambda: None) -> Counter:
+    """Run the named attacks together until each is under way (at most
+    :data:`START_WITHIN` s), call ``under_way``, then go on for ``seconds``;
+    the counters they kept.
 
     An attack that fails (the target refused or dropped it) is counted as
-    ``NAME_failed:ERROR`` and the others go on.
+    ``NAME_failed:ERROR`` and the others go on; one not under way in time as
+    ``late:NAME``.
     """
-    stats: Counter = Counter()
+    stats = _Counters(names)
 
     async def guarded(name: str) -> None:
         try:
@@ -319,10 +357,16 @@ async def run(target: PeerAddr, names: list[str], seconds: float) -> Counter:
             for exc in _leaves(group):
                 stats[f"{name}_failed:{type(exc).__name__}"] += 1
 
-    with trio.move_on_after(seconds):
-        async with trio.open_nursery() as nursery:
-            for name in names:
-                nursery.start_soon(guarded, name)
+    async with trio.open_nursery() as nursery:
+        for name in names:
+            nursery.start_soon(guarded, name)
+        with trio.move_on_after(START_WITHIN):
+            await stats.under_way.wait()
+        for name in stats.late():
+            stats[f"late:{name}"] += 1
+        under_way()
+        await trio.sleep(seconds)
+        nursery.cancel_scope.cancel()
     return stats
 
 
@@ -341,8 +385,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     os.nice(args.nice)
-    stats = trio.run(run, PeerAddr.parse(args.target), names, args.seconds)
+    stats = trio.run(run, PeerAddr.parse(args.target), names, args.seconds, _say_under_way)
     print(json.dumps(dict(stats)), flush=True)
+
+
+def _say_under_way() -> None:
+    sys.stdout.write(f"{UNDER_WAY_LINE}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
