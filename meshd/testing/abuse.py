@@ -143,17 +143,10 @@ def wait_under_way(proc: subprocess.Popen, timeout: float) -> str | None:
     are timed from then: the attacker spends about a second importing, more on
     a busy machine, before its first packet."""
     fd = proc.stdout.fileno()  # read raw: nothing may sit in the text buffer for communicate()
-    want = f"{UNDER_WAY_LINE}\n".encode()
-    line = b""
-    deadline = time.monotonic() + timeout
-    while want.startswith(line) and line != want:
-        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            return f"the attacker was not under way within {timeout:.0f} s"
-        got = os.read(fd, len(want) - len(line))
-        if not got:
-            break
-        line += got
-    return None if line == want else f"the attacker said {line!r}, not that it was under way"
+    if not select.select([fd], [], [], timeout)[0]:
+        return f"the attacker was not under way within {timeout:.0f} s"
+    said = os.read(fd, len(UNDER_WAY_LINE) + 1)  # one write of under PIPE_BUF bytes: read whole
+    return None if said == f"{UNDER_WAY_LINE}\n".encode() else f"the attacker said {said!r}, not that it was under way"
 
 
 def attacker_counters(proc: subprocess.Popen, timeout: float) -> dict:
@@ -193,12 +186,12 @@ async def run_phase(attacks: list[str], *, quiet_s: float, attack_s: float,
             quiet = await time_calls(target, quiet_s)
             rss_before, _ = memory_kib(daemon.proc.pid)
             attacker = start_attacker(target, attacks, _WARM_UP + attack_s, attacker_cpu, attacker_nice)
-            late = await trio.to_thread.run_sync(wait_under_way, attacker, START_WITHIN + 30)
+            not_under_way = await trio.to_thread.run_sync(wait_under_way, attacker, START_WITHIN + 30)
             await trio.sleep(_WARM_UP)
             attacked, new_peer = await _under_attack(target, attack_s)
             counters = await trio.to_thread.run_sync(attacker_counters, attacker, attack_s + 30)
-            if late:
-                counters["error"] = late
+            if not_under_way:
+                counters["error"] = not_under_way
             alive = daemon.running
             rss_after, rss_peak = memory_kib(daemon.proc.pid) if alive else (0, 0)
         finally:

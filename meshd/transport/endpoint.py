@@ -268,36 +268,15 @@ class Endpoint:
                 conn = self._datagram_received(data, addr, now)
                 if conn is not None:
                     dirty[conn] = None
-            if self.config.ack_with_data:
-                await self._after_lone_calls(dirty)
+            held = {conn for conn in dirty if conn.hold_flush()} if self.config.ack_with_data else set()
+            if held:  # the tasks these datagrams woke write first (two rounds: trio runs a
+                await trio.lowlevel.cancel_shielded_checkpoint()  # round's tasks in either order)
+                await trio.lowlevel.cancel_shielded_checkpoint()
             for conn in dirty:
-                conn.transmit()
-
-    @staticmethod
-    async def _after_lone_calls(dirty: dict[PeerConnection, None]) -> None:
-        """Let the tasks woken by datagrams of connections with one call open
-        (and past their handshake) run first; drop from ``dirty`` those they
-        have flushed meanwhile.
-
-        Such a task (an RPC handler answering, a caller taking its reply and
-        making the next call) flushes at once as it writes (a lone call does
-        not wait for the flush loop), the ACK riding along; a flush here first
-        would, with ACKs riding on data, mostly find nothing to send and cost
-        aioquic ~55 µs.  Two rounds, since trio runs a round's tasks in either
-        order.  Connections with more calls open are flushed at once: their
-        writes are batched by the flush loop, and delaying their ACKs cut the
-        calls per second by a third (docs/performance.md).
-        """
-        lone = [conn for conn in dirty if conn.open_streams <= 1 and conn.quic.handshake_confirmed]
-        if not lone:
-            return
-        for conn in lone:
-            conn.received_since_flush = True
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        for conn in lone:
-            if not conn.received_since_flush:
-                del dirty[conn]
+                if conn in held:
+                    conn.flush_held()
+                else:
+                    conn.transmit()
 
     @staticmethod
     def _read_socket(sock: socket.socket, most: int) -> list[Datagram]:
