@@ -83,6 +83,11 @@ async def test_idle_connections_close_but_bootstrap_and_busy_ones_stay(tmp_path)
         assert b.close_idle(older_than=3600) == []  # nothing has been idle that long
 
 
+async def _cancel_when_terminated(conn, scope: trio.CancelScope) -> None:
+    await conn.terminated.wait()
+    scope.cancel()
+
+
 async def test_simultaneous_dials_settle_on_one_shared_connection(tmp_path):
     async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
             meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
@@ -92,6 +97,11 @@ async def test_simultaneous_dials_settle_on_one_shared_connection(tmp_path):
         with trio.fail_after(10):
             await a.wait_connected(b.peer_id)
             await b.wait_connected(a.peer_id)
+            own_a, own_b = a.live(b.peer_id), b.live(a.peer_id)
+            if own_a.dialed and own_b.dialed:  # each dial returned before the other's handshake ended
+                async with trio.open_nursery() as nursery:  # the one both sides drop is closed by its dialer
+                    for conn in (own_a, own_b):
+                        nursery.start_soon(_cancel_when_terminated, conn, nursery.cancel_scope)
         conn_a, conn_b = a.live(b.peer_id), b.live(a.peer_id)
         assert conn_a.dialed != conn_b.dialed  # both kept the same connection
         assert conn_a.close_reason is None and conn_b.close_reason is None
