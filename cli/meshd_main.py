@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import logging
 import signal
 
@@ -38,6 +39,8 @@ def cmd_init(args: argparse.Namespace) -> None:
 async def _run(args: argparse.Namespace) -> None:
     async with meshd.open_node(args.data_dir, listen=args.listen, bootstrap=args.bootstrap) as node:
         print(f"ready {node.address}", flush=True)
+        gc.collect()  # then what starting made, and stays, is left out of every later collection:
+        gc.freeze()  # a full one walked it all, 30-40 ms in one go under the abuse test (docs/security.md)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 log.info("%s received: closing connections and storage", signal.Signals(signum).name)

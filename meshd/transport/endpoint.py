@@ -246,7 +246,9 @@ class Endpoint:
         build), what it holds is read into the inbox and served a connection
         at a time (see inbox.py), so other peers' datagrams do not wait behind
         the backlog; the loop then only yields between batches until the inbox
-        is empty.
+        is empty.  A round starts at most one new connection: its handshake costs
+        milliseconds of this thread, so the Initials of a burst wait in the inbox
+        and other peers' datagrams are served between them.
         """
         sock, batch, inbox = self._sock, self.config.recv_batch, self._inbox
         while True:
@@ -264,10 +266,16 @@ class Endpoint:
                     taken = inbox.take_round(batch)
             now = trio.current_time()
             dirty: dict[PeerConnection, None] = {}
+            handshook = False
             for data, addr in taken:
+                opens = bool(data) and data[0] & 0x80 and _destination_cid(data) not in self._by_cid
+                if opens and handshook:  # one handshake a round: the rest wait in the inbox
+                    self._to_inbox(data, addr)
+                    continue
                 conn = self._datagram_received(data, addr, now)
                 if conn is not None:
                     dirty[conn] = None
+                    handshook = handshook or bool(opens)
             held = {conn for conn in dirty if conn.hold_flush()} if self.config.ack_with_data else set()
             if held:  # the tasks these datagrams woke write first (two rounds: trio runs a
                 await trio.lowlevel.cancel_shielded_checkpoint()  # round's tasks in either order)

@@ -276,6 +276,23 @@ class MeshQuicConnection(QuicConnection):
         self._ack_delay = 0.0
         self._ack_with_data = False
 
+    def _handle_padding_frame(self, context, frame_type: int, buf: Buffer) -> None:
+        """Skip a run of PADDING up to the next other byte, as aioquic does, in C.
+
+        aioquic tests the bytes one by one in Python: 0.6-0.7 ms for a
+        client's Initial, which fills a whole 16,000-byte datagram on loopback
+        (and for the server's flight and every path-MTU probe), in the one
+        thread that serves every peer.
+        """
+        pos = buf.tell()
+        rest = buf.data_slice(pos, buf.capacity)
+        if rest == bytes(len(rest)):  # the usual case, padding to the packet's end: a memcmp
+            buf.seek(buf.capacity)
+        else:
+            buf.seek(pos + len(rest) - len(rest.lstrip(b"\x00")))
+        if self._quic_logger is not None:
+            context.quic_logger_frames.append(self._quic_logger.encode_padding_frame())
+
     def receive_datagram(self, data: bytes, addr, now: float) -> None:
         super().receive_datagram(data, addr, now)
         space = self._spaces.get(quic_tls.Epoch.ONE_RTT)

@@ -32,6 +32,8 @@ def test_metrics_json_logs_and_top_of_a_running_daemon(daemons):
     assert samples[("meshd_rpc_served_seconds_count", (("method", "ping"),))] == 3
     assert samples[("meshd_connections", (("path", "direct"),))] == 1
     assert samples[("meshd_dht_contacts", ())] >= 0
+    assert samples[("python_gc_frozen_objects", ())] > 10_000  # what starting made, out of every collection
+    assert samples[("python_gc_collections_total", (("generation", "0"),))] >= 0
 
     top = a.meshctl_raw("top", "--once", "--interval", "0.2")
     assert top.returncode == 0, top.stderr

@@ -442,3 +442,32 @@ async def test_past_recv_queue_the_busiest_connection_loses_datagrams_and_the_ot
     dropped = a.endpoint.stats["recv_dropped"]
     assert dropped >= 200 - 65 and len(processed) - 1 + dropped == 200
     assert [tag for tag in processed if tag != b"late"] == [b"%04d" % i for i in range(200 - dropped)]
+
+
+async def test_a_burst_of_new_handshakes_is_served_one_per_round_after_known_connections(
+        nursery, monkeypatch):
+    """Each new handshake costs the node milliseconds of one thread: a peer's datagram
+    that comes after a burst of Initials waits behind one of them, not all."""
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+
+    a, (known, _), processed = await two_peers_and_a_recorder(nursery, monkeypatch)
+    accept = a.endpoint._accept
+
+    def recording_accept(data, header, addr):
+        processed.append(b"new")
+        return accept(data, header, addr)
+
+    monkeypatch.setattr(a.endpoint, "_accept", recording_accept)
+    burst = 6  # fewer than retry_above: each is a whole handshake
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _ in range(burst):  # all in a's socket before its receive loop runs again
+            client = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=["meshd/1"]))
+            client.connect(a.addr, now=trio.current_time())
+            s.sendto(client.datagrams_to_send(trio.current_time())[0][0], a.addr)
+        s.sendto(tagged(known, b"late"), a.addr)
+        with trio.fail_after(5):
+            while processed.count(b"new") < burst or b"late" not in processed:
+                await trio.testing.wait_all_tasks_blocked()
+    assert processed.index(b"late") <= 1, processed  # first-come first-served it would be the 7th
+    assert a.endpoint._handshakes() == burst  # every one was served in the end

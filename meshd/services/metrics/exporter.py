@@ -4,16 +4,20 @@ Each scrape asks the trio thread for one snapshot (``trio.from_thread.run_sync``
 with the node's trio token) and formats it on the HTTP thread, so the figures
 are never read while trio code changes them, and the node does nothing at all
 between scrapes.  Process figures (``process_*``: memory, CPU, open files)
-come from prometheus-client's own collector.
+and the garbage collector's (``python_gc_*``: collections and objects by
+generation) come from prometheus-client's own collectors, beside
+``python_gc_frozen_objects``: what ``meshd start`` left out of every
+collection once started (``gc.freeze``).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Callable, Iterator
 
 import trio
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, GCCollector, Gauge, ProcessCollector, start_http_server
 from prometheus_client.core import Metric
 
 from ...address import HostPort
@@ -47,6 +51,9 @@ async def export(address: HostPort, take: Callable[[], dict], *,
     registry = CollectorRegistry()
     registry.register(_Collector(take, trio.lowlevel.current_trio_token()))
     ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
+    Gauge("python_gc_frozen_objects", "Objects the garbage collector never walks (gc.freeze)",
+          registry=registry).set_function(gc.get_freeze_count)
     try:
         server, _thread = start_http_server(address.port, addr=address.host, registry=registry)
     except OSError as exc:
