@@ -29,11 +29,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import msgpack
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .ids import PUBLIC_KEY_SIZE
-from .records import MAX_INT, SIGNATURE_SIZE, OpenValidator, Record, RecordError
+from .records import MAX_INT, SIGNATURE_SIZE, OpenValidator, Record, RecordError, signed_by
 
 NAME_PREFIX = b"/name/"
 MAX_WRITERS = 16
@@ -55,11 +53,7 @@ class Claim:
 
     def verify(self) -> bool:
         """Whether the owner signed this claim."""
-        try:
-            Ed25519PublicKey.from_public_bytes(self.owner).verify(self.signature, self.signed_bytes())
-        except (InvalidSignature, ValueError):
-            return False
-        return True
+        return signed_by(self.owner, self.signature, self.signed_bytes())
 
     def may_write(self, public_key: bytes) -> bool:
         return public_key == self.owner or public_key in self.writers

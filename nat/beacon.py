@@ -28,8 +28,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from nacl.bindings import crypto_sign_open
+from nacl.exceptions import CryptoError
 
 from .errors import Malformed
 
@@ -78,9 +78,9 @@ def decode_beacon(data: bytes, now: float) -> Beacon:
         raise Malformed("beacon names port 0")
     if abs(sent_ms / 1000 - now) > FRESH:
         raise Malformed(f"beacon sent {sent_ms / 1000 - now:+.0f} s from our clock")
-    try:
-        Ed25519PublicKey.from_public_bytes(key).verify(data[_BODY.size:], CONTEXT + data[:_BODY.size])
-    except (InvalidSignature, ValueError):
+    try:  # libsodium: signature, then the signed bytes, as one string
+        crypto_sign_open(data[_BODY.size:] + CONTEXT + data[:_BODY.size], key)
+    except CryptoError:
         raise Malformed("bad beacon signature") from None
     return Beacon(key, port, sent_ms / 1000)
 

@@ -59,8 +59,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, NamedTu
 
 import blake3
 import msgpack
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from ...identity import signed_by
 
 if TYPE_CHECKING:
     import torch
@@ -352,10 +352,8 @@ def decode_manifest(data: bytes, *, verify: bool = True) -> Manifest:
                         tuple(ChunkEntry(c[0], c[1]) for c in chunks), sig, header)
     _require(manifest.body() == body and manifest.encode() == data, "manifest is not canonical msgpack")
     if verify:
-        try:
-            Ed25519PublicKey.from_public_bytes(publisher).verify(sig, CONTEXT + body)
-        except (InvalidSignature, ValueError):
-            raise ManifestError("signature does not verify") from None
+        if not signed_by(publisher, sig, CONTEXT + body):
+            raise ManifestError("signature does not verify")
     return manifest
 
 

@@ -20,6 +20,7 @@ from dht.records import (
     namespace_of,
     owned_key,
     sign_record,
+    signed_by,
 )
 from dht.validators import Validators
 
@@ -257,3 +258,11 @@ def test_best_and_better_refuse_nonsense(author, validators):
         validators.best([])
     with pytest.raises(ValueError, match="same key"):
         validators.better(author.record(b"/open/a"), author.record(b"/open/b"))
+
+
+def test_signed_by_refuses_a_short_signature_whose_tail_starts_the_data(author):
+    """libsodium checks signature and data as one string: the signature's length is checked first."""
+    sig = author.sign(b"signed")
+    assert signed_by(author.public_key, sig, b"signed")
+    assert not signed_by(author.public_key, sig[:-1], sig[-1:] + b"signed")
+    assert not signed_by(author.public_key[:31], sig, b"signed")  # a short key is refused, not raised

@@ -88,6 +88,17 @@ def test_signatures_verify_only_for_the_signer():
     assert not bob.peer_id.verify(sig, b"hello")
 
 
+@pytest.mark.parametrize("cut", [1, 8, 63])
+def test_a_short_signature_is_refused_not_read_on_into_the_data(cut):
+    """libsodium checks signature and data as one string: a signature cut short, with
+    its tail moved to the front of the data, must not pass for the data after it."""
+    alice = Identity.generate()
+    sig = alice.sign(b"signed")
+    assert alice.peer_id.verify(sig, b"signed")
+    assert not alice.peer_id.verify(sig[:-cut], sig[-cut:] + b"signed")
+    assert not alice.peer_id.verify(sig + b"s", b"igned")
+
+
 @given(
     st.binary(min_size=32, max_size=32),
     st.one_of(
