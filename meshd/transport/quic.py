@@ -335,7 +335,12 @@ class MeshQuicConnection(QuicConnection):
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
-        if not self._is_client:
+        if self._is_client:
+            # aioquic offers key shares for P-256, P-384, X25519 and X448, generating
+            # a key for each, and the server takes the first it supports: P-256.
+            # A meshd peer takes X25519, so that is the one offered.
+            self.tls._supported_groups = [quic_tls.Group.X25519]
+        else:
             self.tls._request_client_certificate = True
 
     def _write_connection_limits(self, builder, space) -> None:  # type: ignore[override]
