@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import gc
 import logging
 import signal
 
@@ -16,6 +15,7 @@ from meshd.daemon import Config
 from meshd.groups import leaves
 from meshd.identity import KEY_FILE, create_identity, load_identity
 
+from . import heap
 from .common import data_dir_argument, fail
 from .logs import configure
 
@@ -39,12 +39,14 @@ def cmd_init(args: argparse.Namespace) -> None:
 async def _run(args: argparse.Namespace) -> None:
     async with meshd.open_node(args.data_dir, listen=args.listen, bootstrap=args.bootstrap) as node:
         print(f"ready {node.address}", flush=True)
-        gc.collect()  # then what starting made, and stays, is left out of every later collection:
-        gc.freeze()  # a full one walked it all, 30-40 ms in one go under the abuse test (docs/security.md)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                log.info("%s received: closing connections and storage", signal.Signals(signum).name)
-                break
+        heap.settle()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(heap.refreeze_after_imports)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    log.info("%s received: closing connections and storage", signal.Signals(signum).name)
+                    break
+            nursery.cancel_scope.cancel()
     log.info("stopped")
 
 
