@@ -173,6 +173,8 @@ def signed_by(public_key: bytes, signature: bytes, data: bytes) -> bool:
 
     libsodium (PyNaCl) verifies in about half the time OpenSSL takes (72
     against 159 µs on the 2-core VM), and every replica checks every record.
+    meshd checks its peers' other signatures with this function too
+    (``PeerId.verify``, shard manifests): a library cannot import meshd.
     """
     if len(signature) != SIGNATURE_SIZE:  # libsodium takes signature and data as one string
         return False

@@ -18,29 +18,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
-from nacl.bindings import crypto_sign_open
-from nacl.exceptions import CryptoError
+from dht.records import signed_by  # the one Ed25519 check of peers' signatures (libsodium, docs/libraries.md)
 
 KEY_FILE = "identity.key"
 _CHECKSUM_LEN = 3
 _TEXT_LEN = 56  # base32 of 32 + 3 bytes, exactly, with no padding
 _ALPHABET = set("abcdefghijklmnopqrstuvwxyz234567")
-
-
-def signed_by(public_key: bytes, signature: bytes, data: bytes) -> bool:
-    """Whether ``signature`` is the Ed25519 signature of ``data`` by ``public_key``.
-
-    Signing stays with ``cryptography`` (the key files are its format), but
-    signatures from peers are checked with libsodium (PyNaCl): 72 against
-    159 µs on the 2-core VM (docs/libraries.md).
-    """
-    if len(signature) != 64:  # libsodium takes signature and data as one string
-        return False
-    try:
-        crypto_sign_open(signature + data, public_key)
-    except CryptoError:
-        return False
-    return True
 
 
 class IdentityError(Exception):

@@ -59,8 +59,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, NamedTu
 
 import blake3
 import msgpack
-
-from ...identity import signed_by
+from dht.records import signed_by
 
 if TYPE_CHECKING:
     import torch
