@@ -29,12 +29,18 @@ def settle() -> None:
     gc.freeze()
 
 
+def settle_if_grown(settled_at: int, growth: int = GROWTH) -> int:
+    """:func:`settle` if ``growth`` or more modules were loaded since there were
+    ``settled_at``; the module count the next look compares with."""
+    if len(sys.modules) - settled_at < growth:
+        return settled_at
+    settle()
+    return len(sys.modules)
+
+
 async def refreeze_after_imports(every: float = EVERY, growth: int = GROWTH) -> None:
-    """Every ``every`` seconds, :func:`settle` if ``growth`` or more modules were loaded
-    since the last time (runs until cancelled)."""
+    """Every ``every`` seconds, :func:`settle_if_grown` (runs until cancelled)."""
     settled_at = len(sys.modules)
     while True:
         await trio.sleep(every)
-        if len(sys.modules) - settled_at >= growth:
-            settle()
-            settled_at = len(sys.modules)
+        settled_at = settle_if_grown(settled_at, growth)

@@ -282,7 +282,7 @@ class PeerConnection:
         return self._flush_owed
 
     def flush_held(self) -> None:
-        """Flush, unless someone has since :meth:`hold_flush`."""
+        """Flush, unless a write has flushed since :meth:`hold_flush` (its datagram carried the ACK)."""
         if self._flush_owed:
             self.transmit()
 

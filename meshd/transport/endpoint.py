@@ -268,14 +268,14 @@ class Endpoint:
             dirty: dict[PeerConnection, None] = {}
             handshook = False
             for data, addr in taken:
-                opens = bool(data) and data[0] & 0x80 and _destination_cid(data) not in self._by_cid
+                opens = bool(data and data[0] & 0x80) and _destination_cid(data) not in self._by_cid
                 if opens and handshook:  # one handshake a round: the rest wait in the inbox
                     self._to_inbox(data, addr)
                     continue
                 conn = self._datagram_received(data, addr, now)
                 if conn is not None:
                     dirty[conn] = None
-                    handshook = handshook or bool(opens)
+                    handshook = handshook or opens
             held = {conn for conn in dirty if conn.hold_flush()} if self.config.ack_with_data else set()
             if held:  # the tasks these datagrams woke write first (two rounds: trio runs a
                 await trio.lowlevel.cancel_shielded_checkpoint()  # round's tasks in either order)

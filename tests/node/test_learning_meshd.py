@@ -485,7 +485,7 @@ async def test_a_stall_of_the_asker_during_its_ask_does_not_drop_the_member_belo
 
         async def slow_at_first(peer, arg):
             if slow and slow.pop():
-                await trio.sleep(4 * lowest.view.dead_after())  # past the middle's patience
+                await trio.sleep_forever()  # no answer: the middle's ask gives up and cancels this
             return await answer(peer, arg)
 
         lowest.serve_roster = slow_at_first
@@ -522,7 +522,7 @@ async def test_a_greeting_slow_to_answer_after_a_stall_does_not_forget_the_membe
 
         async def slow_hello(peer, method, *args, **kwargs):
             if method == "learning.hello":
-                await trio.sleep(2 * lowest.view.heartbeat_interval)  # past the heartbeat it is given
+                await trio.sleep_forever()  # no answer: greet's timeout (a heartbeat) ends the call
             return await call(peer, method, *args, **kwargs)
 
         monkeypatch.setattr(lowest._host.rpc, "call", slow_hello)
@@ -563,7 +563,7 @@ async def test_a_roster_held_above_is_taken_from_members_busy_when_first_asked(t
 
             async def slow_at_first(peer, arg, answer=answer, busy=busy):
                 if busy.pop() if busy else False:
-                    await trio.sleep(2 * group.view.heartbeat_interval)  # busy: the asker's first try times out
+                    await trio.sleep_forever()  # busy: the asker's first try times out and cancels this
                 return await answer(peer, arg)
 
             group.serve_roster = slow_at_first

@@ -4,8 +4,6 @@ import gc
 import sys
 import types
 
-import trio
-
 from cli import heap
 
 
@@ -20,17 +18,12 @@ def test_settle_leaves_what_is_alive_out_of_later_collections():
         gc.unfreeze()
 
 
-async def test_the_heap_is_settled_again_once_enough_modules_were_loaded(autojump_clock, monkeypatch):
+def test_the_heap_is_settled_again_once_enough_modules_were_loaded(monkeypatch):
     settled = []
     monkeypatch.setattr(heap, "settle", lambda: settled.append(len(sys.modules)))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(heap.refreeze_after_imports, 1.0, 3)
-        await trio.sleep(5)
-        assert settled == []  # no module loaded since it started
-        for i in range(3):
-            monkeypatch.setitem(sys.modules, f"_heap_test_{i}", types.ModuleType(f"_heap_test_{i}"))
-        await trio.sleep(1.5)
-        assert len(settled) == 1
-        await trio.sleep(5)
-        assert len(settled) == 1  # not again until as many more come
-        nursery.cancel_scope.cancel()
+    start = len(sys.modules)
+    assert heap.settle_if_grown(start, 3) == start and settled == []  # no module loaded since
+    for i in range(3):
+        monkeypatch.setitem(sys.modules, f"_heap_test_{i}", types.ModuleType(f"_heap_test_{i}"))
+    assert heap.settle_if_grown(start, 3) == start + 3 and settled == [start + 3]
+    assert heap.settle_if_grown(start + 3, 3) == start + 3 and len(settled) == 1  # not again until more come
