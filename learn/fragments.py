@@ -32,6 +32,26 @@ def due(step: int, inner_steps: int, parts: int) -> list[int]:
             if step >= 1 and step % inner_steps == ((p + 1) * inner_steps // parts) % inner_steps]
 
 
+def overlap_steps(inner_steps: int, parts: int, overlap: int | None = None) -> int:
+    """τ, the inner steps a fragment's exchange runs in the background before it lands:
+    ``overlap``, or by default H/(2P) (at least 1).  ValueError unless 1 <= ``parts`` <=
+    H and, with ``parts`` > 1, 1 <= τ <= H/P (one fragment in flight at a time)."""
+    if type(inner_steps) is not int or inner_steps < 1:
+        raise ValueError("inner_steps must be a positive integer")
+    if type(parts) is not int or not 1 <= parts <= inner_steps:
+        raise ValueError(f"fragments must be 1 to inner_steps ({inner_steps}), not {parts!r:.20}")
+    tau = overlap if overlap is not None else max(1, inner_steps // (2 * parts))
+    if parts > 1 and (type(tau) is not int or not 1 <= tau <= inner_steps // parts):
+        raise ValueError(f"overlap must be 1 to H/P ({inner_steps // parts}) inner steps, not {tau!r:.20}")
+    return tau
+
+
+def lands(step: int, inner_steps: int, parts: int, overlap: int) -> list[int]:
+    """The fragments whose exchange, started ``overlap`` inner steps before (:func:`due`),
+    lands after inner step ``step``."""
+    return due(step - overlap, inner_steps, parts) if step > overlap else []
+
+
 def mix(local: torch.Tensor, global_: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
     """α·local + (1−α)·global."""
     return alpha * local + (1 - alpha) * global_

@@ -39,7 +39,7 @@ from learn.reports import GossipReport, SyncReport
 from .client.base import ControlClient
 from .client.training import RemoteDiLoCo, RemoteGossipAverager, SessionClosed
 from .services.learning import averager, diloco
-from .services.learning.island import IslandDiLoCo
+from .services.learning import island as islands
 
 
 class DiLoCo(diloco.DiLoCo):
@@ -64,6 +64,19 @@ class GossipAverager(averager.GossipAverager):
         if isinstance(node, ControlClient):
             return RemoteGossipAverager(node, *args, **kwargs)
         return super().__new__(cls)
+
+
+class IslandDiLoCo(islands.IslandDiLoCo):
+    __doc__ = islands.IslandDiLoCo.__doc__ + """
+    On rank 0, ``node`` may also be a client of a running daemon (:func:`meshd.connect`):
+    the daemon is then the island's member (a :class:`RemoteDiLoCo`), and
+    :meth:`aclose` (or leaving ``connect``) ends its session."""
+
+    @staticmethod
+    def _member(node, model, *, island: int, **diloco):
+        if isinstance(node, ControlClient):
+            return RemoteDiLoCo(node, model, island=island, **diloco)
+        return islands.IslandDiLoCo._member(node, model, island=island, **diloco)
 
 
 __all__ = ["DiLoCo", "GossipAverager", "GossipReport", "IslandDiLoCo", "RemoteDiLoCo", "RemoteGossipAverager",

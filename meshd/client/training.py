@@ -35,6 +35,7 @@ import trio
 
 from learn.compress import encode
 from learn.encoded import FLOATING
+from learn.fragments import due, lands, overlap_steps
 from learn.reports import GossipReport, SyncReport
 from learn.robust import parse_rule
 from learn.tensors import DTYPES, dtype_name
@@ -303,13 +304,17 @@ class _Remote:
 class RemoteDiLoCo(_Remote):
     """DiLoCo for ``model``, with the daemon behind ``client`` as the group's member.
 
-    Takes :class:`meshd.learning.DiLoCo`'s arguments (``fragments`` must be 1:
-    Streaming DiLoCo through a daemon is not built).  ``await step(samples)``
+    Takes :class:`meshd.learning.DiLoCo`'s arguments.  ``await step(samples)``
     after each backward: an inner step here, and every ``inner_steps`` steps an
     outer sync: the parameters go to the daemon, its DiLoCo runs the exchange,
-    and θ comes back into the model.  :meth:`join` opens the session (the daemon's
-    member joins the group); :meth:`start`, or the first ``step``, copies the
-    group's current θ into the model (joining first if need be).
+    and θ comes back into the model.  With ``fragments`` P > 1 (Streaming
+    DiLoCo) the parameters go to the daemon at each inner step where a
+    fragment's exchange starts (the step returns at once: the exchange runs
+    in the daemon while the script trains on) and at each one where it lands,
+    after ``overlap`` more steps; then the fragment comes back mixed with θ_p.
+    :meth:`join` opens the session (the daemon's member joins the group);
+    :meth:`start`, or the first ``step``, copies the group's current θ into
+    the model (joining first if need be).
 
     Mirrors of the daemon's member: ``steps``, ``version``, ``resyncs``,
     ``round``, ``hash``, ``hash_round`` and ``reports`` (:class:`SyncReport`),
@@ -321,29 +326,29 @@ class RemoteDiLoCo(_Remote):
     says which it is); False sends the tensors over the control socket.
     ``in_place`` is taken and has no effect: the script's model is never the
     sync's buffer here (the daemon's member decides for the shadow).
+    ``island``: the processes this script's model stands for (its
+    :class:`meshd.learning.IslandDiLoCo` says), shown in the group's document.
     """
 
     def __init__(self, client: ControlClient, model: torch.nn.Module, *, inner_opt: torch.optim.Optimizer,
                  group: str, inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  fragments: int = 1, overlap: int | None = None, alpha: float = 0.5, compression: str = "none",
-                 block: int = 64, rule: str = "mean", shared_memory: bool = True, in_place: bool = True):
+                 block: int = 64, rule: str = "mean", shared_memory: bool = True, in_place: bool = True,
+                 island: int = 1):
         del in_place  # the script's model is never the sync's buffer here: the daemon holds its own
-        if fragments != 1:
-            raise ValueError("Streaming DiLoCo (fragments > 1) through a daemon is not built: "
-                             "open a node in the script (meshd.open_node) for it")
-        if type(inner_steps) is not int or inner_steps < 1:
-            raise ValueError("inner_steps must be a positive integer")
-        parse_rule(rule)  # a bad rule fails here, not at the first step
+        overlap = overlap_steps(inner_steps, fragments, overlap)  # bad values fail here, not at a step
+        parse_rule(rule)
         super().__init__(client, group)
-        self.model, self.inner_opt, self.H = model, inner_opt, inner_steps
+        self.model, self.inner_opt, self.H, self.P, self.overlap = model, inner_opt, inner_steps, fragments, overlap
         params = dict(model.named_parameters())
         odd = [n for n, p in params.items() if dtype_name(p.dtype) not in FLOATING]
         if odd:
             raise ValueError(f"DiLoCo trains floating parameters; {odd[0]} is {params[odd[0]].dtype}")
         self._session = _Session(client, {
             "algorithm": "diloco", "group": group, "inner_steps": inner_steps, "outer_lr": outer_lr,
-            "outer_momentum": outer_momentum, "fragments": fragments, "compression": compression,
-            "block": block, "rule": rule}, params, "DiLoCo", shared=shared_memory)
+            "outer_momentum": outer_momentum, "fragments": fragments, "overlap": overlap, "alpha": alpha,
+            "compression": compression, "block": block, "rule": rule, "island": island}, params, "DiLoCo",
+            shared=shared_memory)
         self._started = False
         self.steps = 0  # inner steps, in the group's count (the daemon's DiLoCo sets it when it takes a state)
         self.samples = 0  # samples since the last sync
@@ -381,10 +386,16 @@ class RemoteDiLoCo(_Remote):
         self.steps += 1
         self._pending += 1
         self.samples += samples
-        if self.steps % self.H == 0:
+        if self._daemon_acts():
             state = await self._session.exchange({"sync": {"steps": self._pending, "samples": self.samples}})
             self._pending = self.samples = 0
             self._take(state)
+
+    def _daemon_acts(self) -> bool:
+        """Whether the daemon's DiLoCo acts after this inner step: the outer sync, or with
+        fragments a fragment's exchange starting or landing (as an in-process member's would)."""
+        return bool(due(self.steps, self.H, self.P)) or (
+            self.P > 1 and bool(lands(self.steps, self.H, self.P, self.overlap)))
 
     def _take(self, state: dict) -> None:
         try:

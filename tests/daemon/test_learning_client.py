@@ -199,7 +199,10 @@ async def test_a_session_refuses_what_its_script_did_not_declare(daemons):  # no
             ({**base, "tensors": [["w", "float32", [1 << 20, 1 << 20]]]}, "more than 8589934592 bytes"),
             ({**base, "tensors": [["w", "int64", [2]]]}, "dtype 'int64' is not one of float32"),
             ({**base, "tensors": [["w", "float32", [2]]], "rule": "median"}, "aggregation rule must be"),
-            ({**base, "tensors": [["w", "float32", [2]]], "fragments": 2}, "fragments must be from 1 to 1"),
+            ({**base, "tensors": [["w", "float32", [2]]], "fragments": 2},
+             r"fragments must be 1 to 1 \(the model's layers\)"),
+            ({**base, "tensors": [["a.w", "float32", [2]], ["b.w", "float32", [2]]], "fragments": 2, "overlap": 2},
+             r"overlap must be 1 to H/P \(1\)"),
             ({**base, "tensors": [["w", "float32", [2]]], "outer_momentum": 1.5}, "outer_momentum must be from 0"),
         ]
         for arg, words in cases:

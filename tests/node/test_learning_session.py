@@ -21,6 +21,7 @@ import trio
 import meshd
 import meshd.learning as ml
 from learning_members import fast_config, tiny_model
+from meshnodes import open_nodes
 from meshd.client import training
 from meshd.rpc import InvalidArgument
 from learn.outer import state_hash
@@ -267,3 +268,92 @@ async def test_settle_through_the_daemon_hands_the_script_the_groups_state(tmp_p
         await opts[2].settle()
         assert opts[2].hash == opts[0].group.hash == member.group.hash
         assert all(torch.equal(p.detach(), opts[0].theta[n]) for n, p in models[2].named_parameters())
+
+
+class _Recording(torch.optim.SGD):
+    """SGD that keeps a copy of the parameters after every inner step (``after[k]``: after step k + 1)."""
+
+    def __init__(self, model: torch.nn.Module, lr: float):
+        super().__init__(model.parameters(), lr=lr)
+        self._named = dict(model.named_parameters())
+        self.after: list[dict[str, torch.Tensor]] = []
+
+    def step(self, closure=None):
+        super().step(closure)
+        self.after.append({n: p.detach().clone() for n, p in self._named.items()})
+
+
+async def _train(opt, model, steps: int, seed: int, hashes: dict[int, bytes], last) -> None:
+    """``steps`` inner steps on random batches, noting ``hashes[round]`` as ``last(opt)`` says them."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        model(torch.randn(4, 16, generator=gen)).pow(2).mean().backward()
+        await opt.step(samples=4)
+        round_, digest = last(opt)
+        if round_ >= 0:
+            hashes[round_] = digest
+
+
+@MEMORY
+async def test_streaming_diloco_through_a_node_is_a_member_in_step_with_in_process_ones(tmp_path, shared):
+    """Streaming DiLoCo (2 fragments) with a script whose member is its node's session, beside two
+    in-process members: every fragment's Δ is taken from the script's parameters at the very
+    inner step it is due, every landing mixes θ into its parameters of that step, every outer
+    step ends with one hash on all three, every fragment's exchange had the three of them and
+    moved about half of what a whole model's would, and the script's model ends holding what
+    the session's shadow holds."""
+    rounds, inner, fragments = 3, 8, 2
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 3, fast_config())
+        client = await stack.enter_async_context(meshd.connect(tmp_path / "n2"))
+        models = [tiny_model(seed, layers=4) for seed in range(3)]
+        opts = [ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.05), group="g",
+                          inner_steps=inner, fragments=fragments) for node, model in zip(nodes[:2], models)]
+        inner_opt = _Recording(models[2], lr=0.05)
+        script = ml.DiLoCo(client, models[2], inner_opt=inner_opt, group="g", inner_steps=inner,
+                           fragments=fragments, shared_memory=shared)
+        await script.join()
+        member = nodes[2].service("learning").sessions["g"].opt
+        seen: list[tuple[str, int, dict[str, torch.Tensor]]] = []  # what the member took, at which step
+        delta, step = member._delta, member._step
+
+        def taking_delta(p):
+            seen.append(("delta", member.steps, {n: member._params[n].clone() for n in member.fragments[p]}))
+            return delta(p)
+
+        def landing(names, *args):
+            seen.append(("land", member.steps, {n: member._params[n].clone() for n in names}))
+            return step(names, *args)
+
+        member._delta, member._step = taking_delta, landing
+        groups = [node.service("learning").groups["g"] for node in nodes]
+        with trio.fail_after(10):
+            for group in groups:
+                while len(group.live()) < 3:
+                    await group._heard.wait()
+        await script.start()  # the group's θ (node 0's: the lowest key's, or another's) into the model
+        hashes: list[dict[int, bytes]] = [{}, {}, {}]
+        steps = rounds * inner + opts[0].overlap  # the last fragment lands `overlap` steps into the next round
+        async with trio.open_nursery() as nursery:
+            for i, (opt, model) in enumerate(zip(opts, models[:2])):
+                nursery.start_soon(_train, opt, model, steps, i, hashes[i],
+                                   lambda o: (o.group.hash_round, o.group.hash))
+            nursery.start_soon(_train, script, models[2], steps, 2, hashes[2], lambda o: (o.hash_round, o.hash))
+        session = nodes[2].service("learning").sessions["g"]  # the last step landed: the model holds the shadow
+        assert all(torch.equal(p.detach(), session.tensors[n]) for n, p in models[2].named_parameters())
+
+    assert script.resyncs == 0 and len(inner_opt.after) == steps and script.overlap == 2
+    begins = range(inner // fragments, steps + 1, inner // fragments)  # fragment 0 at 4, 12, ...; 1 at 8, 16, ...
+    assert [(kind, at) for kind, at, _ in seen] == sorted(
+        [("delta", s) for s in begins] + [("land", s + 2) for s in begins if s + 2 <= steps], key=lambda e: e[1])
+    for kind, at, values in seen:  # the script's own parameters after that inner step
+        for name, value in values.items():
+            assert torch.equal(value, inner_opt.after[at - 1][name]), (kind, at, name)
+    for r in range(rounds):
+        assert hashes[0][r] == hashes[1][r] == hashes[2][r], f"outer step {r}: hashes differ"
+    reports = script.reports
+    assert sorted((r.round, r.fragment) for r in reports) == [(r, p) for r in range(rounds) for p in range(fragments)]
+    assert all(r.contributors == 3 and r.missing_values == 0 for r in reports)
+    model_bytes = sum(p.numel() * p.element_size() for p in models[2].parameters())
+    per_sync = 2 * 2 / 3 * model_bytes / fragments
+    assert all(0.9 * per_sync <= r.bytes_out <= 1.1 * per_sync for r in reports if r.round >= 1), reports

@@ -31,7 +31,7 @@ import torch
 import trio
 
 from learn.compress import decode, encode
-from learn.fragments import due, mix, split
+from learn.fragments import due, mix, overlap_steps, split
 from learn.outer import OuterSGD, state_hash
 from learn.reports import SyncReport
 from learn.robust import aggregate, parse_rule
@@ -131,9 +131,7 @@ class DiLoCo:
         self._service = node.service("learning")  # the Learning service, or a daemon session's view of it
         self.model, self.inner_opt = model, inner_opt
         self.H, self.P, self.alpha = inner_steps, fragments, alpha
-        self.overlap = overlap if overlap is not None else max(1, inner_steps // (2 * fragments))
-        if fragments > 1 and not 0 < self.overlap < inner_steps // fragments + 1:
-            raise ValueError("overlap must be 1 to H/P inner steps")
+        self.overlap = overlap_steps(inner_steps, fragments, overlap)
         self.compression, self.block, self.rule = compression, block, rule
         self._params = dict(model.named_parameters())
         self.fragments = split(list(self._params), fragments)

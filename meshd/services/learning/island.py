@@ -84,20 +84,34 @@ class IslandDiLoCo:
         self._params = list(self.model.parameters())
         self._device = self._params[0].device
         self._dtype = functools.reduce(torch.promote_types, (p.dtype for p in self._params))  # parameters_to_vector's
-        self.diloco: DiLoCo | None = None  # rank 0's member of the group
+        self.diloco = None  # rank 0's member of the group
         if self.rank == 0:
             if node is None:
                 raise ValueError("rank 0 talks to the mesh for the island: give it the node")
-            if not hasattr(node, "service"):
-                raise TypeError("an island's rank 0 needs a node opened in its process (meshd.open_node), "
-                                "not a running daemon's client")
-            self.diloco = DiLoCo(node, self.model, inner_opt=inner_opt, group=group, **diloco)
-            self.diloco.membership.report(island=self.size)  # the group's document shows the island's size
+            self.diloco = self._member(node, self.model, inner_opt=inner_opt, group=group, island=self.size,
+                                       **diloco)
         elif node is not None:
             raise ValueError(f"only rank 0 talks to the mesh: rank {self.rank} takes node=None")
         self.steps = 0  # inner steps taken
         self.broadcasts = 0  # parameter broadcasts to the island (rank 0's outer steps and resyncs)
         self._seen = 0  # rank 0: the DiLoCo version the island holds
+
+    @staticmethod
+    def _member(node, model: torch.nn.Module, *, island: int, **diloco) -> DiLoCo:
+        """Rank 0's member of the group: a DiLoCo on ``node``, which tells the group the
+        island's size (the group's document shows it)."""
+        if not hasattr(node, "service"):
+            raise TypeError("this island's rank 0 needs a node opened in its process (meshd.open_node); "
+                            "meshd.learning.IslandDiLoCo also takes a running daemon's client")
+        member = DiLoCo(node, model, **diloco)
+        member.membership.report(island=island)
+        return member
+
+    async def aclose(self) -> None:
+        """Rank 0 with a daemon's client: end the session (the daemon leaves the group);
+        nothing on the other ranks, or with a node (it leaves as the node closes)."""
+        if hasattr(self.diloco, "aclose"):
+            await self.diloco.aclose()
 
     async def step(self, samples: int = 0) -> None:
         """One inner step (then ``zero_grad``); on rank 0 the outer exchange when

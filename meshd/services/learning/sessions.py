@@ -45,14 +45,20 @@ bytes, dtype and shape; never pickled; checked by :class:`learn.tensorset.SetDec
   first step (n = 0 if its own are the group's).
 * DiLoCo: ``{"settle": {}}`` after the last inner step: the daemon ends in
   the group's state (:meth:`DiLoCo.settle`) and answers as to a start.
-* per outer sync (DiLoCo) or round (gossip) the script sends
-  ``{"sync": {"steps": k, "samples": s}, "tensors": n}`` (``"step"`` for
-  gossip) and its n tensors; the daemon takes the k inner steps' place in
-  DiLoCo's count (the last one runs the exchange), and answers as above,
-  with the tensors it changed (all of them after an outer step, none if
-  nothing changed).  If the daemon took another member's state since its
-  last answer (a resync), the script's tensors are stale: they are dropped,
-  no exchange runs, and the answer carries the state taken (``replaced``).
+* per outer sync (DiLoCo) or round (gossip) the script sends ``{"sync":
+  {"steps": k, "samples": s}, "tensors": n}`` (``"step"`` for gossip) and
+  its n tensors; the daemon takes the k inner steps' place in DiLoCo's count
+  (the last one runs the exchange), and answers as above, with the tensors
+  it changed (all of them after an outer step, none if nothing changed).
+  Streaming DiLoCo (``fragments`` P > 1) syncs at every inner step where a
+  fragment's exchange starts (its Δ is taken from the tensors sent then, and
+  the exchange runs in the daemon while the script trains on) and at every
+  one where a fragment's exchange lands (:func:`learn.fragments.lands`: θ_p
+  mixed into the tensors sent then), so the script's model gets what an
+  in-process member's would at the same step.  If the daemon took another
+  member's state since its last answer (a resync), the script's tensors are
+  stale: they are dropped, no exchange runs, and the answer carries the
+  state taken (``replaced``).
 * the session ends when the script ends its side, or its connection is
   lost (the script died): the call is cancelled, and the daemon leaves the
   group (:meth:`Learning.leave`) as a script's node does when it closes
@@ -72,6 +78,8 @@ import trio
 
 from learn.compress import encode
 from learn.encoded import CODECS, FLOATING, ITEMSIZE, check_block
+from learn.fragments import overlap_steps, split
+from learn.membership import MAX_ISLAND
 from learn.robust import parse_rule
 from learn.tensors import DTYPES, tensor_view
 from learn.tensorset import SetDecoder, Specs, check_specs, shadow_layout
@@ -151,9 +159,9 @@ def _number(arg: dict, name: str, kind: type, low: float, high: float, default):
     return value
 
 
-def _options(algorithm: str, arg: dict) -> dict:
-    """The algorithm's keywords from the request, each checked (InvalidArgument naming it);
-    a missing one takes the algorithm's default."""
+def _options(algorithm: str, arg: dict, specs: Specs) -> dict:
+    """The algorithm's keywords from the request, each checked (InvalidArgument naming it),
+    before any tensor's value comes; a missing one takes the algorithm's default."""
     compression = optional(arg, "compression", str) or "none"
     if compression not in CODECS:
         raise InvalidArgument(f"compression must be one of {', '.join(CODECS)}, not {compression!r:.40}")
@@ -163,10 +171,16 @@ def _options(algorithm: str, arg: dict) -> dict:
         if algorithm == "diloco":
             rule = optional(arg, "rule", str) or "mean"
             parse_rule(rule)
-            return {"inner_steps": _number(arg, "inner_steps", int, 1, 1 << 30, 50),
-                    "outer_lr": _number(arg, "outer_lr", (int, float), 0, 1e6, 0.7),
-                    "outer_momentum": _number(arg, "outer_momentum", (int, float), 0, 1, 0.9),
-                    "fragments": _number(arg, "fragments", int, 1, 1, 1), "rule": rule, **common}
+            options = {"inner_steps": _number(arg, "inner_steps", int, 1, 1 << 30, 50),
+                       "outer_lr": _number(arg, "outer_lr", (int, float), 0, 1e6, 0.7),
+                       "outer_momentum": _number(arg, "outer_momentum", (int, float), 0, 1, 0.9),
+                       "fragments": _number(arg, "fragments", int, 1, 1 << 30, 1),
+                       "overlap": _number(arg, "overlap", int, 1, 1 << 30, None),
+                       "alpha": _number(arg, "alpha", (int, float), 0, 1, 0.5), "rule": rule, **common}
+            overlap_steps(options["inner_steps"], options["fragments"], options["overlap"])
+            options["island"] = _number(arg, "island", int, 1, MAX_ISLAND, 1)
+            split(list(specs), options["fragments"])  # as DiLoCo will: no more fragments than layers
+            return options
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     rule = optional(arg, "rule", str) or "variance_corrected"
@@ -253,7 +267,9 @@ class Session:
         self.bytes_in = self.bytes_out = 0  # tensor bytes over the control socket, both ways
         host = _SessionService(learning, nursery)
         if algorithm == "diloco":
+            island = options.pop("island")
             self.opt = DiLoCo(host, _Shadow(tensors), inner_opt=_NoInnerSteps(), group=group, **options)
+            self.opt.membership.report(island=island)  # the processes the script's model stands for
         else:
             self.opt = GossipAverager(host, _Shadow(tensors), group=group, **options)
         self.group = self.opt.group
@@ -357,7 +373,7 @@ async def serve_session(learning, channel, ctx) -> None:
     memory = optional(arg, "memory", str) or "socket"
     if memory not in MEMORY:
         raise InvalidArgument(f"memory must be one of {', '.join(MEMORY)}, not {memory!r:.40}")
-    options = _options(algorithm, arg)
+    options = _options(algorithm, arg, specs)
     _not_in(learning, group)
     shadow = await _share(learning, channel, specs) if memory == "shared" else None
     if shadow is not None:  # the script wrote its values into it

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from learn.fragments import due, mix, split
+from learn.fragments import due, lands, mix, overlap_steps, split
 
 
 @given(st.integers(1, 200), st.data())
@@ -53,6 +53,26 @@ def test_bad_schedules_are_refused():
         split(["a", "b"], 0)
     with pytest.raises(ValueError, match="layers"):
         split(["l0.weight", "l0.bias"], 2)  # one layer cannot make two fragments
+
+
+def test_the_overlap_defaults_to_half_a_fragments_turn_and_is_bounded_by_it():
+    assert [overlap_steps(h, p) for h, p in ((50, 4), (8, 2), (4, 4), (10, 1))] == [6, 2, 1, 5]
+    assert overlap_steps(50, 4, 12) == 12
+    for h, p, tau, words in ((50, 4, 13, "overlap must be 1 to H/P"), (50, 4, 0, "overlap"),
+                             (4, 5, None, "fragments must be 1 to inner_steps"), (0, 1, None, "inner_steps"),
+                             (8, 2.0, None, "fragments")):
+        with pytest.raises(ValueError, match=words):
+            overlap_steps(h, p, tau)
+
+
+@given(st.integers(1, 100), st.data())
+@settings(max_examples=60, deadline=None)
+def test_each_fragment_lands_overlap_steps_after_it_started(inner_steps, data):
+    parts = data.draw(st.integers(2, inner_steps)) if inner_steps > 1 else 1
+    tau = overlap_steps(inner_steps, parts, data.draw(st.integers(1, inner_steps // parts)))
+    for step in range(1, 4 * inner_steps):
+        assert lands(step + tau, inner_steps, parts, tau) == due(step, inner_steps, parts)
+    assert all(lands(step, inner_steps, parts, tau) == [] for step in range(-1, tau + 1))
 
 
 def test_mix_is_alpha_local_plus_one_minus_alpha_global():
