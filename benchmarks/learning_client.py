@@ -1,26 +1,29 @@
 """What a DiLoCo outer sync costs through a running daemon, against the same sync in-process.
 
     .venv/bin/python benchmarks/learning_client.py [--mib 64] [--syncs 5] [--warmup 2] [--threads 1]
+                                                   [--fragments 1]
 
 A group of one member (so the figure is the member's own work and the control
 socket, no peers): ``DiLoCo(inner_steps=1)``, so each ``step()`` is one outer
 sync (Δ, the all-reduce of a roster of one, the Nesterov step, the state hash,
-the state offered to joiners).  In-process: a node opened in this process
-(``meshd.open_node``).  Through a daemon: a ``meshd start`` process and
-``meshd.connect`` (``RemoteDiLoCo``), two ways in the same run, each with a
-daemon of its own: over the socket (``shared_memory=False``: the parameters go
-to the daemon over the control socket and θ comes back, raw, every sync) and
-over shared memory (the default: the script copies its parameters into the
-shadow both processes map, and θ out of it).  Two models: the digits MLP
-(38 kB) and ``--mib`` MiB of float32 (4 MiB tensors).  Before each sync the
-parameters move by noise, outside the timing.  Per row: the median and max
-``step()`` of ``--syncs`` syncs after ``--warmup``, and for each daemon its RSS
-before the session, during it, and its peak (``VmHWM``); with shared memory
-the daemon's RSS counts the shadow's pages it touched (``RssShmem``, shown
-apart), which the script's RSS counts too: one copy in memory, not two.
-Every process runs torch with ``--threads`` threads (the script's
-``torch.set_num_threads``, the daemons' ``OMP_NUM_THREADS``): on a small
-machine under load, a daemon left at torch's default (a thread per core)
+the state offered to joiners); with ``--fragments P``, Streaming DiLoCo with
+H = P, so each ``step()`` starts one fragment's exchange and lands the one
+started a step before (a Pth of the model each).  In-process: a node opened in
+this process (``meshd.open_node``).  Through a daemon: a ``meshd start``
+process and ``meshd.connect`` (``RemoteDiLoCo``), two ways in the same run,
+each with a daemon of its own: over the socket (``shared_memory=False``: the
+parameters go to the daemon over the control socket and θ comes back, raw,
+every sync) and over shared memory (the default: the script copies its
+parameters into the shadow both processes map, and θ out of it).  Two models:
+the digits MLP (38 kB) and ``--mib`` MiB of float32 (4 MiB tensors).  Before
+each sync the parameters move by noise, outside the timing.  Per row: the
+median and max ``step()`` of ``--syncs`` syncs after ``--warmup``, and for
+each daemon its RSS before the session, during it, and its peak (``VmHWM``);
+with shared memory the daemon's RSS counts the shadow's pages it touched
+(``RssShmem``, shown apart), which the script's RSS counts too: one copy in
+memory, not two. Every process runs torch with ``--threads`` threads (the
+script's ``torch.set_num_threads``, the daemons' ``OMP_NUM_THREADS``): on a
+small machine under load, a daemon left at torch's default (a thread per core)
 took 3-5x longer over its own part of a sync than with one.
 """
 
@@ -53,9 +56,17 @@ def digits_mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
 
 
+class _Layer(torch.nn.Module):
+    """One 4 MiB float32 tensor, a layer of its own (so Streaming DiLoCo can stride them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(MiB))
+
+
 def big_model(mib: int) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.ParameterList([torch.nn.Parameter(torch.randn(MiB)) for _ in range(mib // 4)])
+    return torch.nn.ModuleList([_Layer() for _ in range(mib // 4)])
 
 
 def _status(pid: int) -> dict[str, int]:
@@ -86,7 +97,7 @@ async def in_process(make, args, tmp: Path) -> dict:
     model = make()
     async with meshd.open_node(tmp / "inproc", listen="127.0.0.1:0", config=config) as node:
         opt = ml.DiLoCo(node, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.0), group="bench",
-                        inner_steps=1)
+                        inner_steps=args.fragments, fragments=args.fragments)
         times = await _syncs(opt, model, args.warmup + args.syncs)
     return {"times": times[args.warmup:]}
 
@@ -99,7 +110,7 @@ async def through_daemon(make, args, tmp: Path, name: str, *, shared: bool) -> d
         before = _status(daemon.proc.pid)
         async with meshd.connect(daemon.data_dir) as client:
             opt = ml.DiLoCo(client, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.0), group="bench",
-                            inner_steps=1, shared_memory=shared)
+                            inner_steps=args.fragments, fragments=args.fragments, shared_memory=shared)
             await opt.start()
             if opt.memory != ("shared" if shared else "socket"):
                 raise SystemExit(f"the session went over the {opt.memory}: {opt.memory_why}")
@@ -153,4 +164,7 @@ if __name__ == "__main__":
     parser.add_argument("--syncs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, in the script and the daemons")
+    parser.add_argument("--fragments", type=int, default=1,
+                        help="P > 1: Streaming DiLoCo with H = P (every step starts one fragment's exchange "
+                             "and lands the one before)")
     trio.run(main, parser.parse_args())
