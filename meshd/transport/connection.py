@@ -571,7 +571,7 @@ def _close_reason(code: int, peer: PeerId | None) -> str:
     """Words for a close that came without a reason phrase."""
     if peer is None and code == QuicErrorCode.APPLICATION_ERROR:
         # an application close during the handshake is sent without its reason (RFC 9000 10.2.3)
-        return "peer refused the connection (at its connection limit, or shutting down)"
+        return "peer refused the connection (at its connection limit, its limit for this address, or shutting down)"
     return f"closed by peer (code {code:#x})"
 
 

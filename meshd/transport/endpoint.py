@@ -74,6 +74,11 @@ class TransportConfig:
     stream_window: int = 4 << 20
     connection_window: int = 16 << 20
     max_connections: int = 256
+    # of those, from one IP address (one machine, or everyone behind one NAT); beyond, refused during
+    # the handshake.  Loopback is not limited unless ``limit_loopback``: processes of this machine
+    # (a mesh of daemons on one host, tests, benchmarks) share 127.0.0.1
+    max_per_address: int = field(default=32, metadata={"min": 1, "max": 1 << 20})
+    limit_loopback: bool = False
     ack_with_data: bool = True  # ACKs ride on data or go every 2nd packet (False: each at once, alone)
     retry_above: int = 16  # handshakes in progress beyond which a new dialer must first prove its address (Retry)
     close_idle_after: float = 120.0  # close a connection without streams this long (0: never)
@@ -450,6 +455,10 @@ class Endpoint:
             conn.close(CLOSE_REFUSED, "too many connections")  # instead of the first flight
             self.stats["refused"] += 1
             return conn
+        if self._from_crowded_address(addr):
+            conn.close(CLOSE_REFUSED, "too many connections from your address")
+            self.stats["refused_address"] += 1
+            return conn
         for datagram, to in first_flight:
             self.send_datagram(datagram, to)
         return conn
@@ -482,6 +491,15 @@ class Endpoint:
                                              retry_token=token), addr)
         self.stats["retry_sent"] += 1
         return None
+
+    def _from_crowded_address(self, addr: tuple) -> bool:
+        """Whether ``addr``'s IP address holds more than ``max_per_address`` connections
+        (the new one included), so that one machine cannot take every slot.  Relayed paths
+        (their address is the relay's business) and, by default, loopback are not counted."""
+        host = addr[0]
+        if host == VIRTUAL_HOST or (not self.config.limit_loopback and _is_loopback(host)):
+            return False
+        return sum(1 for conn in self._cids if conn.remote_addr[0] == host) > self.config.max_per_address
 
     def _handshakes(self) -> int:
         """Incoming connections still in their handshake."""

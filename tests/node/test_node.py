@@ -121,6 +121,31 @@ async def test_connection_limit_refuses_with_a_reason(tmp_path):
         assert await b.rpc.call(a.peer_id, "ping", 1) == 1
 
 
+async def test_a_crowded_address_is_refused_and_other_addresses_still_get_in(tmp_path):
+    """``max_per_address`` connections from one IP address, then refusals; loopback counts only
+    with ``limit_loopback`` (every node here is on 127.0.0.1, so a second address is ::1)."""
+    config = Config()
+    config.transport.max_per_address, config.transport.limit_loopback = 1, True
+    async with meshd.open_node(tmp_path / "a", listen="[::]:0", config=config) as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b, \
+            meshd.open_node(tmp_path / "c", listen="127.0.0.1:0") as c, \
+            meshd.open_node(tmp_path / "d", listen="[::1]:0") as d:
+        port = a.address.port
+        await b.connect(f"{a.peer_id}@127.0.0.1:{port}")
+        with pytest.raises(meshd.Unavailable, match="refused the connection"):
+            await c.connect(f"{a.peer_id}@127.0.0.1:{port}")
+        assert a.endpoint.stats["refused_address"] == 1
+        await d.connect(f"{a.peer_id}@[::1]:{port}")  # another address: let in
+        assert await b.rpc.call(a.peer_id, "ping", 1) == 1 and await d.rpc.call(a.peer_id, "ping", 2) == 2
+    config.transport.limit_loopback = False  # the default: processes of this machine are not counted
+    async with meshd.open_node(tmp_path / "e", listen="127.0.0.1:0", config=config) as e, \
+            meshd.open_node(tmp_path / "f", listen="127.0.0.1:0") as f, \
+            meshd.open_node(tmp_path / "g", listen="127.0.0.1:0") as g:
+        await f.connect(e.address)
+        await g.connect(e.address)
+        assert e.endpoint.stats["refused_address"] == 0
+
+
 async def test_unknown_peer_and_bad_input_are_clear_errors(tmp_path):
     async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a:
         stranger = meshd.Identity.generate().peer_id
