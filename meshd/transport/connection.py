@@ -34,7 +34,6 @@ ALPN = "meshd/1"
 STREAM_CANCELLED = 0x10  # application error code on RESET_STREAM / STOP_SENDING
 CLOSE_NORMAL = 0
 CLOSE_AUTH_FAILED = 0x101
-CLOSE_REFUSED = 0x102
 CLOSE_REPLACED = 0x103
 REPLACED_REASON = "replaced by another connection to the same peer"
 _MAX_UNSEEN_NAMED = 32  # stream ids a replaced connection's close names as unseen (its reason stays small)
@@ -571,7 +570,7 @@ def _close_reason(code: int, peer: PeerId | None) -> str:
     """Words for a close that came without a reason phrase."""
     if peer is None and code == QuicErrorCode.APPLICATION_ERROR:
         # an application close during the handshake is sent without its reason (RFC 9000 10.2.3)
-        return "peer refused the connection (at its connection limit, its limit for this address, or shutting down)"
+        return "peer refused the connection (at its connection limit, or shutting down)"
     return f"closed by peer (code {code:#x})"
 
 

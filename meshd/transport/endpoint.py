@@ -33,11 +33,12 @@ from aioquic.quic.packet import (
 from aioquic.quic.retry import QuicRetryTokenHandler
 
 from ..identity import Identity, PeerId
-from .connection import ALPN, CLOSE_REFUSED, PeerConnection
+from .connection import ALPN, PeerConnection
 from .inbox import Datagram, FairInbox
 from .stream import CONNECTION_SEND_HIGH_WATER, SEND_HIGH_WATER
 from .pmtu import UDP_IPV4_OVERHEAD, UDP_IPV6_OVERHEAD, ladder
 from .quic import MeshQuicConnection
+from .refusal import refusal
 from .tls import identity_certificate
 
 log = logging.getLogger("meshd.transport")
@@ -441,6 +442,12 @@ class Endpoint:
         if ids is None:
             return None
         original_cid, retry_cid = ids
+        full = "too many connections" if len(self._cids) >= self.config.max_connections else None
+        crowded = "too many connections from your address" if self._from_crowded_address(addr) else None
+        if full or crowded:  # refused before any TLS: a dialer at a limit costs one small datagram
+            self.send_datagram(refusal(header, f"refused the connection: {full or crowded}"), addr)
+            self.stats["refused" if full else "refused_address"] += 1
+            return None
         quic = self._new_quic(False, addr, original_destination_connection_id=original_cid,
                               retry_source_connection_id=retry_cid)
         now = trio.current_time()
@@ -451,14 +458,6 @@ class Endpoint:
             return None
         conn = self._new_connection(quic, addr, dialed=False, expected_peer=None)
         self.route_cid(header.destination_cid, conn)
-        if len(self._cids) > self.config.max_connections:
-            conn.close(CLOSE_REFUSED, "too many connections")  # instead of the first flight
-            self.stats["refused"] += 1
-            return conn
-        if self._from_crowded_address(addr):
-            conn.close(CLOSE_REFUSED, "too many connections from your address")
-            self.stats["refused_address"] += 1
-            return conn
         for datagram, to in first_flight:
             self.send_datagram(datagram, to)
         return conn
@@ -493,13 +492,13 @@ class Endpoint:
         return None
 
     def _from_crowded_address(self, addr: tuple) -> bool:
-        """Whether ``addr``'s IP address holds more than ``max_per_address`` connections
-        (the new one included), so that one machine cannot take every slot.  Relayed paths
-        (their address is the relay's business) and, by default, loopback are not counted."""
+        """Whether ``addr``'s IP address holds ``max_per_address`` connections already, so that
+        one machine cannot take every slot.  Relayed paths (their address is the relay's
+        business) and, by default, loopback are not counted."""
         host = addr[0]
         if host == VIRTUAL_HOST or (not self.config.limit_loopback and _is_loopback(host)):
             return False
-        return sum(1 for conn in self._cids if conn.remote_addr[0] == host) > self.config.max_per_address
+        return sum(1 for conn in self._cids if conn.remote_addr[0] == host) >= self.config.max_per_address
 
     def _handshakes(self) -> int:
         """Incoming connections still in their handshake."""

@@ -116,8 +116,9 @@ async def test_connection_limit_refuses_with_a_reason(tmp_path):
             meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b, \
             meshd.open_node(tmp_path / "c", listen="127.0.0.1:0") as c:
         await b.connect(a.address)
-        with pytest.raises(meshd.Unavailable, match="refused the connection"):
+        with pytest.raises(meshd.Unavailable, match="refused the connection: too many connections"):
             await c.connect(a.address)
+        assert a.endpoint.stats["refused"] == 1
         assert await b.rpc.call(a.peer_id, "ping", 1) == 1
 
 
@@ -132,7 +133,7 @@ async def test_a_crowded_address_is_refused_and_other_addresses_still_get_in(tmp
             meshd.open_node(tmp_path / "d", listen="[::1]:0") as d:
         port = a.address.port
         await b.connect(f"{a.peer_id}@127.0.0.1:{port}")
-        with pytest.raises(meshd.Unavailable, match="refused the connection"):
+        with pytest.raises(meshd.Unavailable, match="refused the connection: too many connections from your address"):
             await c.connect(f"{a.peer_id}@127.0.0.1:{port}")
         assert a.endpoint.stats["refused_address"] == 1
         await d.connect(f"{a.peer_id}@[::1]:{port}")  # another address: let in
