@@ -7,6 +7,7 @@ the reservation's limits.  This module keeps both sides' books:
 * :class:`Reservations` is the relay's table: who holds a slot, until when,
   and how many circuits each has open;
 * :class:`ByteBudget` counts what one circuit carried, both ways together;
+* :class:`Pacer` holds what all circuits carry together to the relay's rate;
 * :class:`HeldReservations` is the target's list of relays holding a slot
   for it, and :func:`parse_limits` checks a relay's answer to ``reserve``.
 
@@ -30,13 +31,15 @@ RENEW_FRACTION = 0.8  # renew a reservation when this much of its ttl has passed
 class RelayLimits:
     """What a relay offers; the ``[relay]`` config section less ``reserve_at_bootstrap``.
 
-    Per relay: whether it relays at all and how many reservations it holds.
-    Per reservation: its lifetime, and circuits open at once.  Per circuit:
-    bytes carried (both directions together) and seconds open.
+    Per relay: whether it relays at all, how many reservations it holds, and
+    the bytes per second all its circuits carry together (0: no limit).  Per
+    reservation: its lifetime, and circuits open at once.  Per circuit: bytes
+    carried (both directions together) and seconds open.
     """
 
     enabled: bool = False
     max_reservations: int = 128
+    rate: float = 32 << 20
     reservation_ttl: float = 3600.0
     max_circuits: int = 16
     circuit_bytes: int = 128 << 20
@@ -62,6 +65,27 @@ class ByteBudget:
         """
         self.carried += n
         return self.carried <= self.limit
+
+
+class Pacer:
+    """Paces the bytes all of a relay's circuits carry to ``rate`` per second on average,
+    in bursts of at most one second's worth (a token bucket; ``rate`` 0: no pacing)."""
+
+    def __init__(self, rate: float):
+        self.rate = rate
+        self._credit = rate  # bytes that may pass now without waiting (negative: owed)
+        self._at: float | None = None  # when the credit was last brought up to date
+
+    def wait(self, n: int, now: float) -> float:
+        """Count ``n`` bytes that pass at ``now``; the seconds their sender must wait first
+        (0: at once).  Each call is charged at once, so callers that wait queue up in turn."""
+        if self.rate <= 0:
+            return 0.0
+        if self._at is not None:
+            self._credit = min(self.rate, self._credit + (now - self._at) * self.rate)
+        self._at = now
+        self._credit -= n
+        return 0.0 if self._credit >= 0 else -self._credit / self.rate
 
 
 @dataclass(eq=False)

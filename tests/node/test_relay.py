@@ -115,6 +115,27 @@ async def test_a_circuit_ends_at_its_byte_limit(tmp_path):
             assert (await x.rpc.call(n.peer_id, "echo", "again"))["arg"] == "again"
 
 
+async def test_the_relay_paces_what_its_circuits_carry_to_its_rate(tmp_path):
+    """A 256 KiB echo crosses the circuit twice (512 KiB and some): at 128 KiB/s, with one
+    second's worth let through at once, it cannot take less than about 3 s (unpaced it
+    takes a tenth of that here)."""
+    rate = 128 << 10
+    config = relay_config(rate=rate)
+    config.nat.hole_punching = False  # on loopback it would succeed and replace the circuit
+    async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=config) as r, \
+            meshd.open_node(tmp_path / "n", listen="127.0.0.1:0", config=config) as n, \
+            meshd.open_node(tmp_path / "x", listen="127.0.0.1:0", config=config) as x:
+        serve_all(n)
+        await meet_at_relay(r, n, x)
+        with trio.fail_after(30):
+            await x.service("nat").relay.dial_via(r.peer_id, n.peer_id)
+            start = trio.current_time()
+            reply = await x.rpc.call(n.peer_id, "echo", b"z" * (256 << 10), timeout=20)
+            took = trio.current_time() - start
+        assert reply["arg"] == b"z" * (256 << 10) and reply["path"] == "relayed"
+        assert took >= (2 * (256 << 10) - rate) / rate, took
+
+
 async def test_a_circuit_ends_at_its_time_limit(tmp_path):
     config = relay_config(circuit_seconds=0.5)
     async with meshd.open_node(tmp_path / "r", listen="127.0.0.1:0", config=config) as r, \

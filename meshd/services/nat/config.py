@@ -26,6 +26,8 @@ class NatSection:
 class RelaySection:
     enabled: bool = False  # carry circuits for NATed peers that reserve here
     max_reservations: int = 128
+    # bytes per second all circuits carry together, both ways (32 MiB/s); beyond, they wait their turn. 0: no limit
+    rate: float = field(default=32 << 20, metadata={"min": 0, "max": 1e12})
     reservation_ttl: float = 3600.0
     max_circuits: int = 16  # per reservation, at once
     circuit_bytes: int = 128 << 20  # both directions, per circuit

@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import trio
 
-from nat.relay import ByteBudget, Circuit, HeldReservations, RelayLimits, Reservations, parse_limits
+from nat.relay import ByteBudget, Circuit, HeldReservations, Pacer, RelayLimits, Reservations, parse_limits
 
 from ...identity import PeerId
 from ...rpc import Channel, PermissionDenied, Unavailable
@@ -58,6 +58,7 @@ class Relay:
         self._circuits: set[Circuit] = set()  # open here, as a relay
         self._circuits_total = 0
         self._closed_bytes = 0  # carried by circuits closed since start
+        self._pacer = Pacer(config.rate)  # all circuits' bytes together, at the relay's rate
 
     def rpc_methods(self) -> dict:
         return {"relay.reserve": self._serve_reserve,
@@ -114,7 +115,7 @@ class Relay:
                 async with self._node.rpc.bidi(target, "relay.incoming", {"peer": str(ctx.peer)}) as out:
                     await channel.send(_OPEN)  # the dialer starts tunnelling only after this
                     with trio.move_on_after(circuit.seconds):
-                        await _splice(channel, out, circuit.budget)
+                        await _splice(channel, out, circuit.budget, self._pacer)
         finally:
             self._circuits.discard(circuit)
             self._closed_bytes += circuit.budget.carried
@@ -212,15 +213,20 @@ async def _pump_out(queued: trio.MemoryReceiveChannel, channel: Channel, scope: 
         scope.cancel()
 
 
-async def _splice(a: Channel, b: Channel, budget: ByteBudget) -> None:
-    """Copy items both ways until either side ends or ``budget`` says no."""
+async def _splice(a: Channel, b: Channel, budget: ByteBudget, pacer: Pacer) -> None:
+    """Copy items both ways until either side ends or ``budget`` says no, each item
+    when ``pacer`` lets it pass."""
 
     async def copy(src: Channel, dst: Channel, scope: trio.CancelScope) -> None:
         try:
             async for item in src:
-                if not budget.carry(len(item) if isinstance(item, bytes) else 0):
+                size = len(item) if isinstance(item, bytes) else 0
+                if not budget.carry(size):
                     log.info("circuit closed at its %d-byte limit", budget.limit)
                     break
+                wait = pacer.wait(size, trio.current_time())
+                if wait:
+                    await trio.sleep(wait)  # pacing: the relay's rate is shared by every circuit
                 await dst.send(item)
         except (Unavailable, StreamAborted, trio.ClosedResourceError):
             pass

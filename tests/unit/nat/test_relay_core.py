@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nat.errors import Malformed, NatError, Refused
-from nat.relay import ByteBudget, HeldReservations, RelayLimits, Reservations, parse_limits, renew_after
+from nat.relay import ByteBudget, HeldReservations, Pacer, RelayLimits, Reservations, parse_limits, renew_after
 
 SETTINGS = settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LIMITS = RelayLimits(enabled=True, max_reservations=2, reservation_ttl=100.0, max_circuits=2,
@@ -212,3 +212,27 @@ def test_errors_carry_a_known_kind():
     assert issubclass(Malformed, ValueError)
     with pytest.raises(ValueError):
         Refused("nope", "not a kind")
+
+
+def test_the_pacer_lets_one_seconds_worth_through_at_once_then_charges_the_rest_in_turn():
+    pacer = Pacer(1000.0)
+    assert pacer.wait(600, now=0.0) == 0.0 and pacer.wait(400, now=0.0) == 0.0  # the burst: one second's worth
+    assert pacer.wait(500, now=0.0) == pytest.approx(0.5)  # owed: half a second
+    assert pacer.wait(500, now=0.0) == pytest.approx(1.0)  # queued behind it
+    assert pacer.wait(100, now=10.0) == 0.0  # credit came back, up to one second's worth
+    assert Pacer(0).wait(1 << 30, now=0.0) == 0.0  # rate 0: no pacing
+
+
+@given(st.floats(1.0, 1e6), st.lists(st.tuples(st.floats(0, 2.0), st.integers(0, 100_000)), min_size=1, max_size=60))
+@settings(max_examples=100, deadline=None)
+def test_paced_bytes_never_run_ahead_of_the_rate_plus_one_burst(rate, sends):
+    """Bytes released by any moment are at most a second's worth plus the rate times the time
+    since the first send (released: when their wait ends)."""
+    pacer, now, released = Pacer(rate), 0.0, []
+    for gap, size in sends:
+        now += gap
+        released.append((now + pacer.wait(size, now), size))
+    first = sends[0][0]
+    for at, _ in released:
+        passed = sum(size for when, size in released if when <= at)
+        assert passed <= rate + rate * (at - first) + 1e-6 * passed + 1
