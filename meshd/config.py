@@ -16,6 +16,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .lane import LaneConfig
 from .rpc.peer import RpcConfig
 from .transport import TransportConfig
 
@@ -62,6 +63,7 @@ class CoreConfig:
     rpc: RpcConfig = field(default_factory=RpcConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    lane: LaneConfig = field(default_factory=LaneConfig)
 
     @classmethod
     def load(cls, data_dir: Path) -> "CoreConfig":

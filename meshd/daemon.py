@@ -75,10 +75,11 @@ def build_services(host: Node, config: Config, names: Sequence[str]) -> list[Ser
         crdt = Crdt(host, config.crdt, providers=dht.node)
         built.append(crdt)
     if "shards" in names:
-        shards = Shards(host, config.shards, providers=dht.node, records=dht.node, documents=crdt)
+        shards = Shards(host, config.shards, providers=dht.node, records=dht.node, documents=crdt, lane=config.lane)
         built.append(shards)
     if "learning" in names:
-        built.append(Learning(host, config.learning, providers=dht.node, documents=crdt, states=shards))
+        built.append(Learning(host, config.learning, providers=dht.node, documents=crdt, states=shards,
+                              lane=config.lane))
     if "experts" in names:
         built.append(Experts(host, config.experts, providers=dht.node, documents=crdt))
     if "metrics" in names:  # last: it reads the figures of those before it

@@ -45,6 +45,7 @@ import logging
 import math
 import os
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Iterable, NamedTuple
 
 import blake3
@@ -189,6 +190,20 @@ def _parse_request(payload: bytes, max_ids: int = MAX_IDS) -> list[bytes]:
     return ids
 
 
+@dataclass
+class LaneConfig:
+    """The ``[lane]`` section: what one node's bulk lanes (shard sync's and training's) grant
+    strangers; each service's lane takes its own share of these."""
+
+    token_ttl: float = field(default=30.0, metadata={"above": 0, "max": 3600.0})  # seconds a token waits for its connection
+    tokens_per_peer: int = field(default=8, metadata={"min": 1, "max": 1 << 16})  # tokens one peer holds unused
+    max_tokens: int = field(default=1024, metadata={"min": 1, "max": 1 << 20})  # ... all peers together
+    conns_per_peer: int = field(default=4, metadata={"min": 1, "max": 1 << 16})  # lanes open to one peer
+    max_conns: int = field(default=32, metadata={"min": 1, "max": 1 << 16})  # ... to all, handshaking ones included
+    handshake_timeout: float = field(default=5.0, metadata={"above": 0, "max": 600.0})  # a lane's key exchange
+    idle_timeout: float = field(default=60.0, metadata={"above": 0, "max": 86400.0})  # a lane with no request closes
+
+
 class LaneServer:
     """Serves ``get_chunk(id)`` to peers over TCP lanes.  ``get_chunk`` returns bytes or
     None, or an awaitable of either: a plain function runs on the trio thread, so one
@@ -200,15 +215,13 @@ class LaneServer:
     a ``get_chunk`` that counts what was sent, or returns views it may reuse, needs)."""
 
     def __init__(self, node, get_chunk: GetChunk, *, host: str | None = None, max_chunk: int = MAX_CHUNK,
-                 token_ttl: float = 30.0, tokens_per_peer: int = 8, max_tokens: int = 1024,
-                 conns_per_peer: int = 4, max_conns: int = 32, handshake_timeout: float = 5.0,
-                 idle_timeout: float = 60.0, read_ahead: int = 0, max_ids: int = MAX_IDS,
+                 limits: LaneConfig = LaneConfig(), read_ahead: int = 0, max_ids: int = MAX_IDS,
                  clock: Callable[[], float] = trio.current_time):
         self.node, self.get_chunk, self.host = node, get_chunk, host
-        self.max_chunk, self.token_ttl, self.clock = max_chunk, token_ttl, clock
-        self.tokens_per_peer, self.max_tokens = tokens_per_peer, max_tokens
-        self.conns_per_peer, self.max_conns = conns_per_peer, max_conns
-        self.handshake_timeout, self.idle_timeout = handshake_timeout, idle_timeout
+        self.max_chunk, self.token_ttl, self.clock = max_chunk, limits.token_ttl, clock
+        self.tokens_per_peer, self.max_tokens = limits.tokens_per_peer, limits.max_tokens
+        self.conns_per_peer, self.max_conns = limits.conns_per_peer, limits.max_conns
+        self.handshake_timeout, self.idle_timeout = limits.handshake_timeout, limits.idle_timeout
         self.read_ahead, self.max_ids = read_ahead, max_ids
         self.port: int | None = None
         self._tokens: dict[bytes, _Token] = {}  # by token id

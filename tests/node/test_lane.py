@@ -19,7 +19,7 @@ import meshd
 from meshd import Config
 from meshd.rpc import ResourceExhausted
 from meshd.lane import (
-    EMPTY_ID, TAG, Lane, LaneError, LaneServer, _Framer, _keys, _token_id, open_lane,
+    EMPTY_ID, TAG, Lane, LaneConfig, LaneError, LaneServer, _Framer, _keys, _token_id, open_lane,
 )
 
 METHOD = "shards.lane"  # the shard service's token method, which these tests' servers take over
@@ -117,7 +117,7 @@ async def test_fetch_chunks_and_missing(tmp_path):
 
 async def test_bad_clients_are_dropped_and_serving_goes_on(tmp_path):
     chunks = make_chunks(3, 1000)
-    async with lane_nodes(tmp_path, chunks, handshake_timeout=0.3) as (a, server, b):
+    async with lane_nodes(tmp_path, chunks, limits=LaneConfig(handshake_timeout=0.3)) as (a, server, b):
         # A made-up token, then plain garbage, then a client that says nothing.
         for hello in (os.urandom(48), b"GET / HTTP/1.1\r\n\r\n" * 4):
             stream = await trio.open_tcp_stream("127.0.0.1", server.port)
@@ -145,7 +145,7 @@ async def test_bad_clients_are_dropped_and_serving_goes_on(tmp_path):
 
 async def test_connections_without_an_outstanding_token_are_closed_at_once(tmp_path):
     chunks = make_chunks(2, 1000)
-    async with lane_nodes(tmp_path, chunks, handshake_timeout=3.0) as (a, server, b):
+    async with lane_nodes(tmp_path, chunks, limits=LaneConfig(handshake_timeout=3.0)) as (a, server, b):
         with trio.fail_after(2.5):  # before any handshake times out
             stranger = await trio.open_tcp_stream("127.0.0.1", server.port)
             assert await dropped(stranger)  # no token issued: no slot
@@ -162,7 +162,7 @@ async def test_token_single_use_expiry_and_binding(tmp_path):
     now = [1000.0]
     chunks = make_chunks(1, 100)
     async with lane_nodes(tmp_path, chunks, names="abc", clock=lambda: now[0],
-                          token_ttl=30.0) as (a, server, b, c):
+                          limits=LaneConfig(token_ttl=30.0)) as (a, server, b, c):
         await c.connect(a.address)
         reply = await b.rpc.call(a.peer_id, METHOD, None)
         assert set(reply) == {"port", "token", "nonce"} and len(reply["token"]) == 32
@@ -196,7 +196,7 @@ async def test_token_single_use_expiry_and_binding(tmp_path):
 
 
 async def test_limits(tmp_path):
-    async with lane_nodes(tmp_path, {}, tokens_per_peer=3, conns_per_peer=2) as (a, server, b):
+    async with lane_nodes(tmp_path, {}, limits=LaneConfig(tokens_per_peer=3, conns_per_peer=2)) as (a, server, b):
         replies = [await b.rpc.call(a.peer_id, METHOD, None) for _ in range(3)]
         with pytest.raises(ResourceExhausted):
             await b.rpc.call(a.peer_id, METHOD, None)
@@ -339,7 +339,7 @@ async def test_async_get_chunk_failures_and_idle_timeout(tmp_path):
     source = Source(chunks)
     async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a, \
             meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b, trio.open_nursery() as nursery:
-        server = LaneServer(a, source.fetch, host="127.0.0.1", idle_timeout=0.3)
+        server = LaneServer(a, source.fetch, host="127.0.0.1", limits=LaneConfig(idle_timeout=0.3))
         a.rpc.register(METHOD, server.issue)  # in place of the shard service's own lane
         await nursery.start(server.serve)
         await b.connect(a.address)
@@ -352,3 +352,18 @@ async def test_async_get_chunk_failures_and_idle_timeout(tmp_path):
         assert await rx.receive() == b""
         assert await dropped(stream)
         nursery.cancel_scope.cancel()
+
+
+async def test_the_lane_section_of_a_nodes_config_bounds_both_services_lanes(tmp_path):
+    """``[lane]`` reaches the shard service's lane and the learning service's: a peer gets
+    ``tokens_per_peer`` tokens from each, then RESOURCE_EXHAUSTED."""
+    config = Config()
+    config.update({"lane": {"tokens_per_peer": 2}})  # as a config file's [lane] section sets it
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0", config=config) as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b:
+        await b.connect(a.address)
+        for method in ("shards.lane", "learning.lane"):
+            for _ in range(2):
+                assert len((await b.rpc.call(a.peer_id, method, None))["token"]) == 32
+            with pytest.raises(meshd.RpcError, match="RESOURCE_EXHAUSTED|too many"):
+                await b.rpc.call(a.peer_id, method, None)

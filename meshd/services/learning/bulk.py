@@ -28,7 +28,7 @@ import trio
 from learn.wire import chunk_ids, lent_chunks
 
 from ...identity import PeerId
-from ...lane import LaneError, LaneServer, open_lane
+from ...lane import LaneConfig, LaneError, LaneServer, open_lane
 from ...service import Host
 
 log = logging.getLogger("meshd.learning")
@@ -51,11 +51,11 @@ class Loan:
 class Bulk:
     """This node's side of the learning lane: lends payloads to peers and fetches theirs."""
 
-    def __init__(self, host: Host, *, enabled: bool, min_bytes: int = 0):
+    def __init__(self, host: Host, *, enabled: bool, min_bytes: int = 0, limits: LaneConfig = LaneConfig()):
         self.host = host
         self.enabled = enabled  # serve a lane and fetch from peers' (config learning.lane)
         self.min_bytes = min_bytes  # lend only sets of this many payload bytes or more (learning.lane_min_bytes)
-        self.server = LaneServer(host, self._chunk) if enabled else None
+        self.server = LaneServer(host, self._chunk, limits=limits) if enabled else None
         self.lent = 0  # payload bytes peers fetched from this node's lane
         self.fetched = 0  # ... this node fetched from peers' lanes
         self._chunks: dict[bytes, tuple[memoryview, Loan, int]] = {}  # id -> (chunk, its loan, its number)

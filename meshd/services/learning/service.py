@@ -46,6 +46,7 @@ import trio
 from dht.network import DhtError
 
 from ...identity import PeerId
+from ...lane import LaneConfig
 from ...rpc import InvalidArgument, NotFound
 from ...rpc.args import field
 from ...service import Documents, Host, Method, Providers, StateStore, check_name
@@ -73,7 +74,8 @@ class Learning:
     name = "learning"
 
     def __init__(self, host: Host, config: LearningSection, *, providers: Providers,
-                 documents: Documents | None = None, states: StateStore | None = None):
+                 documents: Documents | None = None, states: StateStore | None = None,
+                 lane: LaneConfig = LaneConfig()):
         self.host = host
         self.config = config
         self._providers = providers
@@ -82,7 +84,7 @@ class Learning:
         self.groups: dict[str, Group] = {}
         self.memberships: dict[str, Membership] = {}  # group name -> this member's entry in its document
         self.sessions: dict[str, object] = {}  # group name -> the training script's session that drives it
-        self.bulk = Bulk(host, enabled=config.lane, min_bytes=config.lane_min_bytes)
+        self.bulk = Bulk(host, enabled=config.lane, min_bytes=config.lane_min_bytes, limits=lane)
         self._nursery: trio.Nursery | None = None
         host.add_farewell(self._farewell)
 

@@ -45,7 +45,7 @@ from dht.network import DhtError
 
 from ...groups import leaves
 from ...identity import PeerId
-from ...lane import Lane, LaneError, LaneServer, open_lane
+from ...lane import Lane, LaneConfig, LaneError, LaneServer, open_lane
 from ...rpc import InvalidArgument, NotFound, RpcError
 from ...service import Documents, Host, Providers
 from .config import ShardsSection
@@ -93,7 +93,7 @@ class Shards:
     name = "shards"
 
     def __init__(self, host: Host, config: ShardsSection, *, providers: Providers, records: Records,
-                 documents: Documents) -> None:
+                 documents: Documents, lane: LaneConfig = LaneConfig()) -> None:
         self._node = host
         self._config = config
         self._dht = providers
@@ -108,7 +108,7 @@ class Shards:
         self.fetches: dict[bytes, Progress] = {}
         # read_ahead: reading (and re-hashing) the next chunk overlaps sealing and sending this one
         self._lane = LaneServer(host, self._read, read_ahead=1, max_chunk=config.lane_max_chunk,
-                                max_ids=config.lane_max_ids) if config.lane else None
+                                max_ids=config.lane_max_ids, limits=lane) if config.lane else None
 
     @property
     def host(self) -> Host:
