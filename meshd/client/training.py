@@ -35,7 +35,7 @@ import trio
 
 from learn.compress import encode
 from learn.encoded import FLOATING
-from learn.fragments import due, lands, overlap_steps
+from learn.fragments import due, lands, overlap_steps, split
 from learn.reports import GossipReport, SyncReport
 from learn.robust import parse_rule
 from learn.tensors import DTYPES, dtype_name
@@ -132,17 +132,19 @@ class _Session:
         self._shadow = _views(mapping, self.specs)
         return None
 
-    def _write_shadow(self) -> None:
-        """The script's tensors into the shadow (the daemon reads it only once the head is sent)."""
+    def _write_shadow(self, names=None) -> None:
+        """The script's tensors (those of ``names``, default all) into the shadow (the
+        daemon reads it only once the head is sent)."""
         with torch.no_grad():
-            for name, tensor in self.tensors.items():
-                self._shadow[name].copy_(tensor.detach())
+            for name in self.tensors if names is None else names:
+                self._shadow[name].copy_(self.tensors[name].detach())
 
-    def _read_shadow(self) -> None:
-        """The shadow's values (the daemon's answer) into the script's tensors."""
+    def _read_shadow(self, names=None) -> None:
+        """The shadow's values (the daemon's answer; those of ``names``, default all) into
+        the script's tensors."""
         with torch.no_grad():
-            for name, tensor in self.tensors.items():
-                tensor.copy_(self._shadow[name])
+            for name in self.tensors if names is None else names:
+                self.tensors[name].copy_(self._shadow[name])
 
     def _unmap(self) -> None:
         self._shadow = None  # the views hold the mapping: it goes with them
@@ -153,12 +155,16 @@ class _Session:
                 pass
             self._mapping = None
 
-    async def exchange(self, head: dict, *, tensors: bool = True) -> dict:
-        """Send ``head`` and (with ``tensors``) every tensor; the daemon's answer (its tensors copied in)."""
+    async def exchange(self, head: dict, *, tensors: bool = True, names=None) -> dict:
+        """Send ``head`` and (with ``tensors``) every tensor; the daemon's answer (its tensors copied in).
+
+        ``names``: over shared memory, the only tensors the daemon reads or writes for this
+        head (a streaming sync's fragments): only they are copied into the shadow, and out of
+        it unless the answer says ``replaced`` (a state taken: every tensor comes out)."""
         self.check_open()
         if tensors:
             head = {**head, "tensors": 0 if self._shadow is not None else len(self.tensors)}
-        return await self._guarded(self._send_and_answer(head, tensors))
+        return await self._guarded(self._send_and_answer(head, tensors, names))
 
     def check_open(self) -> None:
         if self.closed is not None:
@@ -173,11 +179,11 @@ class _Session:
             self.abort(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
             raise
 
-    async def _send_and_answer(self, head: dict | None, tensors: bool = True) -> dict:
+    async def _send_and_answer(self, head: dict | None, tensors: bool = True, names=None) -> dict:
         channel = self.channel
         shared = self._shadow is not None
         if tensors and shared:
-            self._write_shadow()  # before the head: the daemon reads the shadow once the head came
+            self._write_shadow(names)  # before the head: the daemon reads the shadow once the head came
         if head is not None:
             await channel.send(head)
         if tensors and not shared:
@@ -192,7 +198,7 @@ class _Session:
                 raise ProtocolViolation(f"the daemon answered a shared-memory {self.what} session with "
                                         f"{answer!r:.80}")
             if answer["changed"]:  # written before the answer; till the next head only a resync writes them
-                self._read_shadow()
+                self._read_shadow(None if state.get("replaced") else names)
             return state
         try:
             decoder = SetDecoder(self.specs, answer.get("tensors"), self._stage)
@@ -344,6 +350,7 @@ class RemoteDiLoCo(_Remote):
         odd = [n for n, p in params.items() if dtype_name(p.dtype) not in FLOATING]
         if odd:
             raise ValueError(f"DiLoCo trains floating parameters; {odd[0]} is {params[odd[0]].dtype}")
+        self._fragments = split(list(params), fragments)  # as the daemon's DiLoCo splits the shadow
         self._session = _Session(client, {
             "algorithm": "diloco", "group": group, "inner_steps": inner_steps, "outer_lr": outer_lr,
             "outer_momentum": outer_momentum, "fragments": fragments, "overlap": overlap, "alpha": alpha,
@@ -386,16 +393,21 @@ class RemoteDiLoCo(_Remote):
         self.steps += 1
         self._pending += 1
         self.samples += samples
-        if self._daemon_acts():
-            state = await self._session.exchange({"sync": {"steps": self._pending, "samples": self.samples}})
+        acting = self._acting()
+        if acting:
+            names = None if self.P == 1 else [n for p in acting for n in self._fragments[p]]
+            state = await self._session.exchange({"sync": {"steps": self._pending, "samples": self.samples}},
+                                                 names=names)
             self._pending = self.samples = 0
             self._take(state)
 
-    def _daemon_acts(self) -> bool:
-        """Whether the daemon's DiLoCo acts after this inner step: the outer sync, or with
-        fragments a fragment's exchange starting or landing (as an in-process member's would)."""
-        return bool(due(self.steps, self.H, self.P)) or (
-            self.P > 1 and bool(lands(self.steps, self.H, self.P, self.overlap)))
+    def _acting(self) -> set[int]:
+        """The fragments the daemon's DiLoCo acts on after this inner step (as an in-process
+        member's would): the outer sync's, or with fragments those whose exchange starts or
+        lands now; empty if none."""
+        if self.P == 1:
+            return set(due(self.steps, self.H, 1))
+        return set(due(self.steps, self.H, self.P)) | set(lands(self.steps, self.H, self.P, self.overlap))
 
     def _take(self, state: dict) -> None:
         try:

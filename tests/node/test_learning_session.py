@@ -89,6 +89,30 @@ async def test_a_state_taken_between_two_syncs_replaces_the_scripts_stale_steps(
             assert "g" not in node.service("learning").groups
 
 
+@MEMORY
+async def test_a_state_taken_during_streaming_comes_back_whole_not_only_the_next_fragment(tmp_path, shared):
+    """Streaming syncs copy only their fragments in and out of a shared shadow; a state taken
+    meanwhile rewrote every tensor, and the next sync's answer brings all of them back."""
+    gen = torch.Generator().manual_seed(0)
+    async with meshd.open_node(tmp_path / "n", listen="127.0.0.1:0", config=fast_config()) as node:
+        async with meshd.connect(tmp_path / "n") as client:
+            model = tiny_model(0, layers=4)
+            opt = ml.DiLoCo(client, model, inner_opt=torch.optim.SGD(model.parameters(), lr=0.1), group="g",
+                            inner_steps=4, fragments=2, shared_memory=shared)
+            await _steps(opt, model, 3, gen)  # fragment 0 starts at step 2 and lands at step 3
+            member = node.service("learning").sessions["g"].opt
+            assert [(r.round, r.fragment) for r in opt.reports] == [(0, 0)]
+            taken = {**{f"theta/{n}": t + 1 for n, t in member.theta.items()},
+                     **{f"momentum/{n}": torch.zeros_like(t) for n, t in member.theta.items()}}
+            theta = {n: taken[f"theta/{n}"].clone() for n in member.theta}
+            member._apply(node.peer_id.key, 5, taken, state_hash(*_split(taken)), path="pull", seconds=0.0)
+            await _steps(opt, model, 1, gen)  # step 4 would start fragment 1: its answer is the state taken
+            assert opt.steps == 5 * 4  # (no resync counted: no round of its own had ended)
+            for name, param in model.named_parameters():  # fragment 0's tensors too
+                assert torch.equal(param.detach(), theta[name]), name
+            await opt.aclose()
+
+
 class _Counting:
     """A call stream that counts the bytes sent and received through it."""
 
@@ -339,8 +363,9 @@ async def test_streaming_diloco_through_a_node_is_a_member_in_step_with_in_proce
                 nursery.start_soon(_train, opt, model, steps, i, hashes[i],
                                    lambda o: (o.group.hash_round, o.group.hash))
             nursery.start_soon(_train, script, models[2], steps, 2, hashes[2], lambda o: (o.hash_round, o.hash))
-        session = nodes[2].service("learning").sessions["g"]  # the last step landed: the model holds the shadow
-        assert all(torch.equal(p.detach(), session.tensors[n]) for n, p in models[2].named_parameters())
+        session = nodes[2].service("learning").sessions["g"]  # the last step landed fragment 1: the model
+        last = member.fragments[1]                                 # holds the shadow's values of it
+        assert all(torch.equal(p.detach(), session.tensors[n]) for n, p in models[2].named_parameters() if n in last)
 
     assert script.resyncs == 0 and len(inner_opt.after) == steps and script.overlap == 2
     begins = range(inner // fragments, steps + 1, inner // fragments)  # fragment 0 at 4, 12, ...; 1 at 8, 16, ...

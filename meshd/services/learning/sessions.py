@@ -55,10 +55,13 @@ bytes, dtype and shape; never pickled; checked by :class:`learn.tensorset.SetDec
   the exchange runs in the daemon while the script trains on) and at every
   one where a fragment's exchange lands (:func:`learn.fragments.lands`: θ_p
   mixed into the tensors sent then), so the script's model gets what an
-  in-process member's would at the same step.  If the daemon took another
-  member's state since its last answer (a resync), the script's tensors are
-  stale: they are dropped, no exchange runs, and the answer carries the
-  state taken (``replaced``).
+  in-process member's would at the same step; over shared memory the script
+  copies only those fragments' tensors in and out (all of them when the
+  answer says ``replaced``).  If the daemon took another member's state
+  since its last answer (a resync), the script's tensors are stale: they are
+  dropped, no exchange runs, and the answer carries the state taken
+  (``replaced``); an answer is ``replaced`` too when a state was taken while
+  the head was served.
 * the session ends when the script ends its side, or its connection is
   lost (the script died): the call is cancelled, and the daemon leaves the
   group (:meth:`Learning.leave`) as a script's node does when it closes
@@ -321,7 +324,9 @@ class Session:
             return
         for i in range(steps):  # the script's inner steps, in DiLoCo's count: the last one syncs
             await opt.step(samples if i == 0 else 0)
-        await self._answer(channel, replaced=False, changed=opt.version != self._version)
+        # a state taken meanwhile rewrote every tensor: the script copies them all, not only its fragments
+        await self._answer(channel, replaced=sum(opt.takes.values()) != self._takes,
+                           changed=opt.version != self._version)
 
     async def _answer(self, channel, *, replaced: bool, changed: bool, report: list | None = None) -> None:
         """The state the script mirrors, then the tensors it must copy in (all, or none)."""
