@@ -195,7 +195,8 @@ class LaneConfig:
     """The ``[lane]`` section: what one node's bulk lanes (shard sync's and training's) grant
     strangers; each service's lane takes its own share of these."""
 
-    token_ttl: float = field(default=30.0, metadata={"above": 0, "max": 3600.0})  # seconds a token waits for its connection
+    # seconds a token waits for its connection
+    token_ttl: float = field(default=30.0, metadata={"above": 0, "max": 3600.0})
     tokens_per_peer: int = field(default=8, metadata={"min": 1, "max": 1 << 16})  # tokens one peer holds unused
     max_tokens: int = field(default=1024, metadata={"min": 1, "max": 1 << 20})  # ... all peers together
     conns_per_peer: int = field(default=4, metadata={"min": 1, "max": 1 << 16})  # lanes open to one peer
