@@ -219,10 +219,7 @@ class LaneServer:
                  limits: LaneConfig = LaneConfig(), read_ahead: int = 0, max_ids: int = MAX_IDS,
                  clock: Callable[[], float] = trio.current_time):
         self.node, self.get_chunk, self.host = node, get_chunk, host
-        self.max_chunk, self.token_ttl, self.clock = max_chunk, limits.token_ttl, clock
-        self.tokens_per_peer, self.max_tokens = limits.tokens_per_peer, limits.max_tokens
-        self.conns_per_peer, self.max_conns = limits.conns_per_peer, limits.max_conns
-        self.handshake_timeout, self.idle_timeout = limits.handshake_timeout, limits.idle_timeout
+        self.max_chunk, self.limits, self.clock = max_chunk, limits, clock
         self.read_ahead, self.max_ids = read_ahead, max_ids
         self.port: int | None = None
         self._tokens: dict[bytes, _Token] = {}  # by token id
@@ -262,10 +259,11 @@ class LaneServer:
         now = self.clock()
         for tid, tok in [item for item in self._tokens.items() if item[1].expires <= now]:
             self._spend(tid)
-        if (self._peer_tokens[peer] >= self.tokens_per_peer or len(self._tokens) >= self.max_tokens
-                or self._peer_conns[peer] >= self.conns_per_peer or self._conns >= self.max_conns):
+        limits = self.limits
+        if (self._peer_tokens[peer] >= limits.tokens_per_peer or len(self._tokens) >= limits.max_tokens
+                or self._peer_conns[peer] >= limits.conns_per_peer or self._conns >= limits.max_conns):
             raise ResourceExhausted("too many lanes or lane tokens")
-        tok = _Token(peer, os.urandom(32), os.urandom(16), now + self.token_ttl)
+        tok = _Token(peer, os.urandom(32), os.urandom(16), now + limits.token_ttl)
         self._tokens[_token_id(tok.token)] = tok
         self._peer_tokens[peer] += 1
         return {"port": self.port, "token": tok.token, "nonce": tok.nonce}
@@ -278,7 +276,7 @@ class LaneServer:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         """One TCP connection: hello, then requests until the client leaves or misbehaves."""
-        if self._conns >= self.max_conns or self._handshakes >= len(self._tokens):
+        if self._conns >= self.limits.max_conns or self._handshakes >= len(self._tokens):
             await trio.aclose_forcefully(stream)  # no token waits for this connection
             return
         self._conns += 1
@@ -286,12 +284,12 @@ class LaneServer:
         try:
             self._handshakes += 1
             try:
-                with trio.fail_after(self.handshake_timeout):
+                with trio.fail_after(self.limits.handshake_timeout):
                     raw = await _fill(stream, memoryview(bytearray(_HELLO)))
             finally:
                 self._handshakes -= 1
             tok = self._spend(bytes(raw[:32]))
-            if tok is None or tok.expires <= self.clock() or self._peer_conns[tok.peer] >= self.conns_per_peer:
+            if tok is None or tok.expires <= self.clock() or self._peer_conns[tok.peer] >= self.limits.conns_per_peer:
                 raise LaneError("no such token, or expired, or too many lanes")
             peer = tok.peer
             self._peer_conns[peer] += 1
@@ -338,15 +336,16 @@ class LaneServer:
         async def answer() -> None:
             nonlocal pending, last
             async for data, last_of_request in ready:
-                with trio.fail_after(self.idle_timeout):  # a client that stops reading
+                with trio.fail_after(self.limits.idle_timeout):  # a client that stops reading
                     await tx.send(data)
                 unsent.release()
                 last = trio.current_time()
                 pending -= last_of_request
 
         async def watchdog() -> None:
-            while pending or trio.current_time() < last + self.idle_timeout:
-                await (trio.sleep(self.idle_timeout / 4) if pending else trio.sleep_until(last + self.idle_timeout))
+            idle = self.limits.idle_timeout
+            while pending or trio.current_time() < last + idle:
+                await (trio.sleep(idle / 4) if pending else trio.sleep_until(last + idle))
             nursery.cancel_scope.cancel()
 
         async with trio.open_nursery() as nursery:

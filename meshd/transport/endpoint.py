@@ -442,12 +442,10 @@ class Endpoint:
         if ids is None:
             return None
         original_cid, retry_cid = ids
-        full = "too many connections" if len(self._cids) >= self.config.max_connections else None
-        crowded = "too many connections from your address" if self._from_crowded_address(addr) else None
-        if full or crowded:  # refused before any TLS: a dialer at a limit costs one small datagram
-            self.send_datagram(refusal(header, f"refused the connection: {full or crowded}"), addr)
-            self.stats["refused" if full else "refused_address"] += 1
-            return None
+        if len(self._cids) >= self.config.max_connections:
+            return self._refuse(header, addr, "too many connections", "refused")
+        if self._from_crowded_address(addr):
+            return self._refuse(header, addr, "too many connections from your address", "refused_address")
         quic = self._new_quic(False, addr, original_destination_connection_id=original_cid,
                               retry_source_connection_id=retry_cid)
         now = trio.current_time()
@@ -490,6 +488,12 @@ class Endpoint:
                                              retry_token=token), addr)
         self.stats["retry_sent"] += 1
         return None
+
+    def _refuse(self, header, addr: tuple, why: str, stat: str) -> None:
+        """Refuse the connection ``header`` opens before any TLS: a dialer at a limit costs
+        one small datagram (:func:`refusal`), counted in ``stats[stat]``."""
+        self.send_datagram(refusal(header, f"refused the connection: {why}"), addr)
+        self.stats[stat] += 1
 
     def _from_crowded_address(self, addr: tuple) -> bool:
         """Whether ``addr``'s IP address holds ``max_per_address`` connections already, so that

@@ -58,7 +58,7 @@ class Relay:
         self._circuits: set[Circuit] = set()  # open here, as a relay
         self._circuits_total = 0
         self._closed_bytes = 0  # carried by circuits closed since start
-        self._pacer = Pacer(config.rate)  # all circuits' bytes together, at the relay's rate
+        self._pacer = Pacer(self.reservations.limits.rate)  # all circuits' bytes together, at the relay's rate
 
     def rpc_methods(self) -> dict:
         return {"relay.reserve": self._serve_reserve,
