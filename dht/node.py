@@ -92,6 +92,8 @@ class DhtConfig:
     lookup_timeout: float = 30.0  # seconds per lookup, whatever peers do
     get_quorum: int = 4  # a get stops after this many replicas answered with a record
     put_quorum: int = 5  # a put returns once this many of the k closest stored it (the rest go on)
+    recent_lookup: float = 60.0  # a put knowing fewer than k others looks for closer strangers only if
+    # no lookup went through its key's bucket for this many seconds
     record_ttl: float = 24 * 3600.0
     record_republish: float = 3600.0  # stored records are pushed to the current k closest
     provider_ttl: float = 48 * 3600.0
@@ -429,7 +431,7 @@ class DhtNode:
         target, quorum = key_id(key), self.config.put_quorum
         stores = _Sends(self, PUT_VALUE, {"records": [record.to_wire()]})
 
-        async def store_at(contacts: list[Contact]) -> int:
+        async def store_at(nursery: trio.Nursery, contacts: list[Contact]) -> int:
             # The nearest `quorum` first, alone: k stores at once would all finish late
             # (on the sending node's one thread, and the replicas' CPUs); the rest after.
             first = contacts[:quorum]
@@ -441,20 +443,26 @@ class DhtNode:
             stores.start(nursery, contacts)
             return await stores.wait(contacts, quorum)
 
-        async def lookup_then_store() -> None:
+        async def lookup_then_store(nursery: trio.Nursery) -> None:
             stores.start(nursery, await self.find_node(target))
 
-        async with trio.open_nursery() as own:
-            nursery = self._nursery or own  # without a running node, wait for every store
+        async def place(nursery: trio.Nursery) -> int:
             known = [c for c in self.table.closest(target, self.config.k) if self._usable(c)]
             if not known or len(self.table) >= self.config.k:
-                return await store_at(await self.find_node(target))
+                return await store_at(nursery, await self.find_node(target))
             # Knowing fewer than k others, its k closest are all it knows: the answer unless
             # a lookup turns up strangers, which it stores at after (as libp2p's
-            # optimistic provide does, the put does not wait for the lookup).
-            accepted = await store_at(known)
-            nursery.start_soon(lookup_then_store)
+            # optimistic provide does, the put does not wait for the lookup).  A lookup
+            # through the same bucket a moment ago would have met them already.
+            accepted = await store_at(nursery, known)
+            if not self.table.looked_up_since(target, self.clock() - self.config.recent_lookup):
+                nursery.start_soon(lookup_then_store, nursery)
             return accepted
+
+        if self._nursery is not None:  # returns with no schedule point after the quorum: the
+            return await place(self._nursery)  # caller's answer goes out before the other stores
+        async with trio.open_nursery() as own:  # without a running node, wait for every store
+            return await place(own)
 
     async def put_records(self, records: list[Record]) -> dict[bytes, int]:
         """Store signed records at the k nodes closest to each key, several
@@ -469,9 +477,13 @@ class DhtNode:
         Replicas that answered with an older record, and close nodes that
         answered without one, are sent the best one in the background; the
         close nodes the lookup did not ask only when some replica was behind
-        (otherwise most of them hold it already).
+        (otherwise most of them hold it already).  With ``get_quorum`` 1 a
+        record this node holds is the answer, without asking anyone (as
+        libp2p's ``Quorum::One`` and hivemind's default get do).
         """
         now = self.wall()
+        if self.config.get_quorum <= 1 and (held := self.records.get(key, now)) is not None:
+            return held
         best, holders, lookup = await self._once((GET_VALUE, key), lambda: self._value_lookup(key))
         local = self.records.get(key, now)
         if best is not None and (local is None or self.validators.better(best, local)):

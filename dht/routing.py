@@ -34,7 +34,7 @@ class _Bucket:
     failures: dict[bytes, int] = field(default_factory=dict)
     heard: dict[bytes, float] = field(default_factory=dict)  # when each entry last answered or asked
     checking: bytes | None = None  # public key of the entry whose liveness is being checked
-    touched: float = 0.0  # when a lookup last went through this bucket's range
+    touched: float | None = None  # when a lookup last went through this bucket's range
 
 
 def ip_prefix(contact: Contact, v4_bits: int = V4_PREFIX, v6_bits: int = V6_PREFIX) -> str | None:
@@ -238,6 +238,12 @@ class RoutingTable:
         if d:
             self._buckets.setdefault(d.bit_length() - 1, _Bucket()).touched = now
 
+    def looked_up_since(self, target: bytes, since: float) -> bool:
+        """Whether a lookup went through ``target``'s bucket at ``since`` or later."""
+        d = int.from_bytes(target, "big") ^ self.own_num
+        bucket = self._buckets.get(d.bit_length() - 1) if d else None
+        return bucket is not None and bucket.touched is not None and bucket.touched >= since
+
     def stale_buckets(self, now: float, interval: float) -> list[int]:
         """Indices of buckets not looked through for ``interval`` seconds, from
         the farthest down to the nearest bucket that holds a contact."""
@@ -245,7 +251,7 @@ class RoutingTable:
             return []
         nearest = min(i for i, b in self._buckets.items() if b.entries) if self._size else ID_BITS - 1
         return [i for i in range(ID_BITS - 1, nearest - 1, -1)
-                if now - self._buckets.get(i, _Bucket()).touched >= interval]
+                if (touched := self._buckets.get(i, _Bucket()).touched) is None or now - touched >= interval]
 
     def random_id_in_bucket(self, index: int, rng: random.Random | None = None) -> bytes:
         """A random id whose bucket (seen from us) is ``index``."""

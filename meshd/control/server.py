@@ -18,7 +18,6 @@ from typing import Callable, Mapping
 import trio
 
 from ..rpc import RpcServer
-from .mux import Mux
 from .session import MuxSession
 from .socket import MAX_FRAME, socket_path
 
@@ -75,7 +74,7 @@ async def serve_control(data_dir: Path, server: RpcServer, *, task_status=trio.T
                 if _peer_uid(stream.socket) not in (my_uid, 0):
                     await stream.aclose()
                     continue
-                session = MuxSession(stream, Mux(client=False))
+                session = MuxSession.accepted(stream)
                 nursery.start_soon(session.serve, lambda call: server.serve_call(call, "control"))
     finally:
         path.unlink(missing_ok=True)

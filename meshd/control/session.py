@@ -1,9 +1,12 @@
 """One control-socket connection carrying many calls: the trio shell over :mod:`.mux`.
 
 The daemon runs :meth:`MuxSession.serve` per accepted connection: one task
-reads frames and starts a handler per new stream, another writes what the
-handlers queue, so a handler that is cancelled never stops in the middle of a
-frame and no handler waits for another's bytes.  A client has no task of its
+reads frames and starts a handler per new stream.  A handler's frames go out
+at once when the socket takes them and no write is under way; what the socket
+does not take is left to a writer task, so a handler that is cancelled never
+stops in the middle of a frame and no handler waits for another's bytes.
+Sending at once saves the writer's scheduling round, in which the tasks the
+handler started (a put's other stores, a write's pushes) would run first.  A client has no task of its
 own (:meth:`MuxSession.connect`): whichever of its calls waits for bytes
 reads the socket for all of them, and writes go out under a lock, shielded
 from cancellation so a frame is never cut in half (the daemon always reads,
@@ -29,12 +32,13 @@ class MuxSession:
 
     def __init__(self, sock: trio.SocketStream, mux: Mux, raw: socket.socket | None = None):
         self._sock = sock
-        self._raw = raw  # the client's socket, for the RESET an abort sends at once
+        self._raw = raw  # the same socket, for writes made at once (the client's RESETs, the daemon's replies)
         self._mux = mux
         self._read_lock = trio.Lock()
         self._send_lock = trio.Lock()
         self._changed = trio.Event()  # set (and replaced) whenever a stream may have moved
         self._output = trio.Event()  # server: set when the writer has frames to write
+        self._writing = False  # server: the writer is in the middle of a write
         self._nursery: trio.Nursery | None = None
         self._watched: dict[StreamState, trio.CancelScope] = {}
         self.lost: str | None = None  # why the connection is gone
@@ -75,17 +79,28 @@ class MuxSession:
 
     # --- the daemon ---------------------------------------------------------------------
 
+    @classmethod
+    def accepted(cls, sock: trio.SocketStream) -> MuxSession:
+        """The daemon's side of a connection it accepted."""
+        raw = socket.fromfd(sock.socket.fileno(), sock.socket.family, sock.socket.type)  # a dup
+        raw.setblocking(False)
+        return cls(sock, Mux(client=False), raw)
+
     async def serve(self, handle: Callable[[MuxStream], Awaitable[None]]) -> None:
         """Run ``handle(stream)`` for each stream the client opens, until the
         connection ends; then every handler still running is cancelled."""
-        async with self._sock, trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._write_loop)
-            async with self._read_lock:
-                while self.lost is None:
-                    for state in await self._pump():
-                        nursery.start_soon(handle, MuxStream(self, state))
-            nursery.cancel_scope.cancel()
+        try:
+            async with self._sock, trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._write_loop)
+                async with self._read_lock:
+                    while self.lost is None:
+                        for state in await self._pump():
+                            nursery.start_soon(handle, MuxStream(self, state))
+                nursery.cancel_scope.cancel()
+        finally:
+            if self._raw is not None:
+                self._raw.close()
 
     async def _write_loop(self) -> None:
         while True:
@@ -93,11 +108,14 @@ class MuxSession:
             self._output = trio.Event()
             data = self._mux.data_to_send()
             if data:
+                self._writing = True
                 try:
                     await self._sock.send_all(data)
                 except _Closed as exc:
                     self._lose(f"control connection lost: {exc}")
                     return
+                finally:
+                    self._writing = False
 
     # --- both ---------------------------------------------------------------------------
 
@@ -107,7 +125,7 @@ class MuxSession:
         Raises StreamAborted if the connection is lost.
         """
         if self._nursery is not None:
-            self._output.set()
+            self.flush_nowait()
             return
         async with self._send_lock:
             while self.lost is None and self._mux.wants_to_send:
@@ -120,21 +138,30 @@ class MuxSession:
             raise StreamAborted(self.lost)
 
     def flush_nowait(self) -> None:
-        """Send the queued frames without waiting: the writer's (daemon), or what the
-        socket takes now (client; what it does not take goes with the next flush)."""
-        if self._nursery is not None:
-            self._output.set()
-        elif self._raw is not None and not self._send_lock.locked() and self.lost is None:
-            data = self._mux.data_to_send()
-            try:
-                sent = self._raw.send(data) if data else 0
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                self._lose(f"control connection lost: {exc}")
-                return
-            if sent < len(data):
-                self._mux.requeue(data[sent:])
+        """Send the queued frames without waiting: what the socket takes now, unless a
+        write is under way; the rest goes with the writer (daemon) or the next flush (client)."""
+        if self._nursery is not None:  # the daemon
+            if self._writing or self._raw is None or not self._send_now():
+                self._output.set()
+        elif self._raw is not None and not self._send_lock.locked():
+            self._send_now()
+
+    def _send_now(self) -> bool:
+        """Write what the socket takes now; whether nothing is left queued."""
+        if self.lost is not None:
+            return True
+        data = self._mux.data_to_send()
+        try:
+            sent = self._raw.send(data) if data else 0
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._lose(f"control connection lost: {exc}")
+            return True
+        if sent < len(data):
+            self._mux.requeue(data[sent:])
+            return False
+        return True
 
     def watch(self, state: StreamState, scope: trio.CancelScope | None) -> None:
         """Cancel ``scope`` when the peer resets ``state`` or the connection is lost."""

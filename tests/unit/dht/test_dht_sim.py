@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from dht.ids import Contact, key_id
-from dht.network import ADD_PROVIDER, GET_VALUE, PUT_VALUE, Refused
+from dht.network import ADD_PROVIDER, FIND_NODE, GET_VALUE, PUT_VALUE, Refused
 from dht.node import DhtConfig
 from dht.records import Record
 from dht.simnet import SimNetwork, fill_tables, make_nodes, true_closest
@@ -63,6 +63,63 @@ async def test_in_a_mesh_smaller_than_k_a_put_takes_one_round_trip_and_reaches_e
         assert trio.current_time() - started == pytest.approx(2 * net.latency)  # no lookup first
         await net.settle()  # the rest, and the lookup, in the background
         assert all(n.records.get(b"/open/small", n.wall()) is not None for n in nodes)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_put_answers_its_caller_before_it_sends_the_stores_beyond_its_quorum(autojump_clock):
+    net = SimNetwork(latency=0.005)
+    nodes = make_nodes(net, 12, seed=4)
+    fill_tables(nodes, seed=4)
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        assert await nodes[0].put(b"/open/first", b"v") == QUORUM
+        assert net.methods[PUT_VALUE] == QUORUM  # the caller runs on before the other stores start
+        await net.settle()
+        assert net.methods[PUT_VALUE] == len(nodes) - 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_small_mesh_put_looks_for_strangers_only_if_its_bucket_had_no_recent_lookup(autojump_clock):
+    net = SimNetwork(latency=0.005)
+    nodes = make_nodes(net, 12, seed=4)
+    fill_tables(nodes, seed=4)
+    writer = nodes[0]
+    far = [k for k in (b"/open/far-%d" % i for i in range(64))  # keys in the writer's farthest bucket
+           if (int.from_bytes(key_id(k), "big") ^ writer.table.own_num).bit_length() == 256][:3]
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+
+        async def lookups_of_a_put(key: bytes) -> int:
+            before = net.methods[FIND_NODE]
+            await writer.put(key, b"v")
+            await net.settle()
+            return net.methods[FIND_NODE] - before
+
+        assert await lookups_of_a_put(far[0]) > 0  # its bucket never looked through: a lookup
+        assert await lookups_of_a_put(far[1]) == 0  # that lookup met whoever is there
+        await trio.sleep(DhtConfig().recent_lookup)
+        assert await lookups_of_a_put(far[2]) > 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_with_a_get_quorum_of_one_a_record_held_here_is_the_answer_without_asking(autojump_clock):
+    net = SimNetwork(latency=0.005)
+    nodes = make_nodes(net, 12, config=DhtConfig(get_quorum=1), seed=5)
+    fill_tables(nodes, seed=5)
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        await nodes[0].put(b"/open/held", b"v")
+        await net.settle()
+        holder, stranger = nodes[1], make_nodes(net, 1, config=DhtConfig(get_quorum=1), seed=6)[0]
+        fill_tables(nodes + [stranger], seed=6)
+        asked = net.methods[GET_VALUE]
+        assert (await holder.get(b"/open/held")).value == b"v"
+        assert net.methods[GET_VALUE] == asked
+        assert (await stranger.get(b"/open/held")).value == b"v"  # holding none, it asks
+        assert net.methods[GET_VALUE] > asked
         nursery.cancel_scope.cancel()
 
 
