@@ -266,8 +266,10 @@ class RecordStore:
         """Check that ``record`` may be stored at ``now`` and return the keys
         to evict to make room, or None when the live record under its key is
         as good or better."""
-        self._validators.validate(record, now)
         current = self._records.get(record.key)
+        if record == current and current.expires > now:
+            return None  # a copy of the one held, checked when it was stored
+        self._validators.validate(record, now)
         if current is not None and current.expires > now and not self._validators.better(record, current):
             return None
         replaces_own = current is not None and current.public_key == record.public_key

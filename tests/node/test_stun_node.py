@@ -3,6 +3,8 @@
 import shutil
 import socket
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import trio
@@ -122,10 +124,23 @@ def coturn(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
+        _wait_bound(proc, port, tmp_path / "turn.log")
         yield ("127.0.0.1", port)
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def _wait_bound(proc: subprocess.Popen, port: int, log: Path, within: float = 30.0) -> None:
+    """Return once a UDP socket is bound to 127.0.0.1:``port`` (coturn's start-up took
+    over 8 s once, under the whole suite); fail with coturn's log if it exits or takes too long."""
+    entry = f"0100007F:{port:04X}"
+    deadline = time.monotonic() + within
+    while not any(line.split()[1] == entry for line in Path("/proc/net/udp").read_text().splitlines()[1:]):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text()[-2000:] if log.exists() else "(no log)"
+            pytest.fail(f"coturn did not bind UDP port {port} (exit code {proc.poll()}): {tail}")
+        time.sleep(0.05)
 
 
 async def test_our_client_against_coturn(coturn, nursery, tmp_path):

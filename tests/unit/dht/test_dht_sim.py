@@ -104,6 +104,28 @@ async def test_a_small_mesh_put_looks_for_strangers_only_if_its_bucket_had_no_re
         nursery.cancel_scope.cancel()
 
 
+async def test_a_get_checks_only_records_that_are_not_copies_of_its_own(autojump_clock, monkeypatch):
+    net = SimNetwork(latency=0.005)
+    nodes = make_nodes(net, 12, seed=7)
+    fill_tables(nodes, seed=7)
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.start(nursery)
+        await nodes[0].put(b"/open/copies", b"v1", seq=1)
+        await net.settle()
+        reader = nodes[1]
+        checked = []
+        monkeypatch.setattr(reader.validators, "validate", lambda r, now: checked.append(r.seq))
+        assert (await reader.get(b"/open/copies")).seq == 1
+        assert checked == []  # every replica answered with the record the reader holds
+        v2 = await _signed(nodes[0], b"/open/copies", b"v2", seq=2)
+        for node in nodes[2:]:
+            node.records.put(v2, node.wall())
+        assert (await reader.get(b"/open/copies")).seq == 2
+        assert checked and set(checked) == {2}
+        nursery.cancel_scope.cancel()
+
+
 async def test_with_a_get_quorum_of_one_a_record_held_here_is_the_answer_without_asking(autojump_clock):
     net = SimNetwork(latency=0.005)
     nodes = make_nodes(net, 12, config=DhtConfig(get_quorum=1), seed=5)

@@ -44,6 +44,18 @@ def provider(n: int, *addrs: str) -> Contact:
 # -- records ---------------------------------------------------------------
 
 
+def test_a_copy_of_the_record_held_is_not_checked_again(db, author, monkeypatch):
+    store = record_store(db)
+    record = author.record(b"/open/k", b"v1")
+    assert store.put(record, NOW)
+    checked = []
+    monkeypatch.setattr(store._validators, "validate", lambda r, now: checked.append(r))
+    assert not store.put(record, NOW)  # the same record again: kept, not verified
+    assert checked == []
+    newer = author.record(b"/open/k", b"v2", seq=record.seq + 1)
+    assert store.put(newer, NOW) and checked == [newer]
+
+
 def test_put_then_get(db, author):
     store = record_store(db)
     record = author.record(b"/open/k", b"v1")
