@@ -348,8 +348,8 @@ class Router(torch.nn.Module):
 @pytest.mark.parametrize("mode", ["full", "topk", "top1", "uniform"])
 async def test_ddm_over_the_mesh_is_the_local_sampler_and_calls_only_whom_it_routes_to(tmp_path, mode,
                                                                                        monkeypatch):
-    # Routing, not stragglers: c1 answers in-process at once, so the remote ones get STRAGGLER_MIN (1 s);
-    # a stall of this test process (a full collection of pytest's heap) once dropped c0 as slow.
+    # Routing, not stragglers: a stall of this test process (a full collection of pytest's heap) once
+    # dropped c0 as slow, when c1's in-process answer still started the straggler clock.
     monkeypatch.setattr(ensembles, "STRAGGLER_MIN", 30.0)
     centres = [[2.0, 0.0], [-2.0, 0.0], [0.0, 2.0]]
     async with AsyncExitStack() as stack:
@@ -573,6 +573,33 @@ async def test_an_expert_far_slower_than_the_others_is_dropped_from_the_mixture(
         assert trio.current_time() - started < 2.5  # not until the slow one answers, nor the 30 s call timeout
         assert scored.answered == ["fast"] and "dropped as slow" in scored.dropped["slow"]
         assert ens.experts["slow"].stats.failures(nodes[1].peer_id) == 1  # backed off: the next step does not wait
+
+
+class UnhurriedLM(TinyLM):
+    """Takes ``seconds`` of compute per forward (in the serving worker thread)."""
+
+    def __init__(self, seed: int, seconds: float):
+        super().__init__(seed)
+        self.seconds = seconds
+
+    def forward(self, ids):
+        time.sleep(self.seconds)
+        return super().forward(ids)
+
+
+async def test_an_answer_from_an_expert_served_here_does_not_start_the_straggler_clock(tmp_path, monkeypatch):
+    """An expert this node serves answers in-process at once; the remote one, slower than
+    STRAGGLER_MIN (and never slower than usual: nothing to compare it with), is waited for."""
+    monkeypatch.setattr(ensembles, "STRAGGLER_MIN", 0.1)
+    async with AsyncExitStack() as stack:
+        nodes = await open_nodes(stack, tmp_path, 2)
+        await mx.serve(nodes[0], UnhurriedLM(2, 0.5), expert_id="remote", kind="lm")
+        await mx.serve(nodes[1], TinyLM(1), expert_id="here", kind="lm")
+        ens = mx.HDEEEnsemble(nodes[1], ["here", "remote"])
+        await ens.experts["remote"].servers()
+        assert ens.experts["here"].served_here() and not ens.experts["remote"].served_here()
+        scored = await ens.score(torch.tensor([1, 2, 3, 4]))
+        assert sorted(scored.answered) == ["here", "remote"] and not scored.dropped
 
 
 async def test_a_call_the_expert_cannot_get_to_in_time_is_deadline_exceeded_and_shapes_leave_no_state(tmp_path):

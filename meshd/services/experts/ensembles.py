@@ -74,9 +74,11 @@ async def _gather(calls: dict[str, tuple[RemoteExpert, Callable[[], Awaitable]]]
     servers must first be found through the DHT is not a slow one.  The
     lookups get :data:`STRAGGLER_MIN` to end; one still looking then (nobody
     found yet: it looks for up to ``FIND_WAIT``) goes on while the calls are
-    made, its call joining it.  Once the first answer is in after w seconds,
-    the others get until max(:data:`STRAGGLER_MIN`, :data:`STRAGGLER_FACTOR`
-    × w) after the calls began; one still silent then is dropped as slow (its
+    made, its call joining it.  Once the first answer from another node is in
+    after w seconds (an expert this node serves answers in-process, at once,
+    which says nothing of what the network takes), the others get until
+    max(:data:`STRAGGLER_MIN`, :data:`STRAGGLER_FACTOR` × w) after the calls
+    began; one still silent then is dropped as slow (its
     :class:`RemoteExpert` counts the failure and backs off from that server,
     so a dead expert costs the ensemble one wait, not one per step)."""
     answers: dict[str, object] = {}
@@ -92,11 +94,12 @@ async def _gather(calls: dict[str, tuple[RemoteExpert, Callable[[], Awaitable]]]
         if not looking:
             looked.set()
 
-    async def one(name: str, call) -> None:
+    async def one(name: str, expert: RemoteExpert, call) -> None:
         nonlocal left
         try:
             answers[name] = await call()
-            first.set()
+            if not expert.served_here():
+                first.set()
         except ExpertUnavailable as exc:
             failures[name] = str(exc)
         left -= 1
@@ -115,8 +118,8 @@ async def _gather(calls: dict[str, tuple[RemoteExpert, Callable[[], Awaitable]]]
             await looked.wait()
         started = trio.current_time()
         nursery.start_soon(watch)
-        for name, (_, call) in calls.items():
-            nursery.start_soon(one, name, call)
+        for name, (expert, call) in calls.items():
+            nursery.start_soon(one, name, expert, call)
     for name in calls:
         if name not in answers and name not in failures:
             waited = trio.current_time() - started

@@ -127,6 +127,10 @@ class RemoteExpert:
             self._found_at = trio.current_time()
             return self._servers
 
+    def served_here(self) -> bool:
+        """Whether this node serves the expert itself (its calls are answered in-process)."""
+        return self.expert_id in self._service.served
+
     def _fresh(self) -> bool:
         """Whether the servers known were found within ``refresh_interval``."""
         return bool(self._servers) and trio.current_time() - self._found_at <= self._service.config.refresh_interval
