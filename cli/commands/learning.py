@@ -66,11 +66,12 @@ def _trains(session: dict | None) -> str:
 async def cmd_ls(client: meshd.Client, args) -> object:
     rows = await client.learning_groups()
     shown = [{**r, "in MB": _mb(r["bytes_in"]), "out MB": _mb(r["bytes_out"]),
+              "states out MB": _mb(r.get("state_bytes_out", 0)),
               "hash": (r["hash"] or "-")[:12], "members (document)": _known(r.get("known")),
               "trained by": _trains(r.get("client"))} for r in rows]
     table = rows_table(f"{len(rows)} training groups", shown,
                        ["group", "algorithm", "rule", "round", "live", "members (document)", "in MB", "out MB",
-                        "hash", "trained by"])
+                        "states out MB", "hash", "trained by"])
     return rows, lambda: console().print(table)
 
 

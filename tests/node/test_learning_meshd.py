@@ -644,6 +644,23 @@ async def test_a_state_taken_is_offered_on_under_its_own_round(tmp_path):
         assert round_ == 5 and hash_of() == _hash(taken)
 
 
+async def test_a_state_served_to_a_joiner_counts_apart_from_the_members_exchange_bytes(tmp_path):
+    """Serving a joiner the state (θ and the outer momentum) is not part of any round's
+    exchange: it counts in ``state_bytes_out``, and ``bytes_out`` (which a round's SyncReport
+    takes its bytes from) stays as the exchanges left it."""
+    async with AsyncExitStack() as stack:
+        node, model, opt = await _alone_after_round_0(stack, tmp_path)
+        group, joiner = opt.group, PeerId(b"\x02" * 32)
+        exchanged = sum(group.bytes_out.values())
+        async for _ in group.serve_pull(joiner, "state", lane=False):
+            pass
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert group.state_bytes_out[joiner.key] >= 2 * model_bytes  # θ and the momentum, at least
+        assert sum(group.bytes_out.values()) == exchanged
+        [summary] = await node.service("learning").control_methods()["learning.ls"]({}, None)
+        assert summary["state_bytes_out"] == group.state_bytes_out[joiner.key]
+
+
 async def test_a_sync_the_group_left_behind_ends_once_a_later_state_is_taken(tmp_path):
     """A member syncing round r whose group works two rounds ahead takes a state from it; one
     of round r itself (its outcome would step it, but the group never sends round r's parts)

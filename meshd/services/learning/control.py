@@ -31,7 +31,8 @@ def _summary(group, membership, session, rows: dict | None = None, rejected: int
     about = membership.summary(rows, rejected)
     return {"group": group.name, "algorithm": group.algorithm, "rule": group.rule, "round": group.round,
             "live": len(group.live()), "bytes_in": sum(group.bytes_in.values()),
-            "bytes_out": sum(group.bytes_out.values()), "hash": _hex(group.hash),
+            "bytes_out": sum(group.bytes_out.values()), "state_bytes_out": sum(group.state_bytes_out.values()),
+            "hash": _hex(group.hash),
             "known": about["entries"] if about["document"] is not None else None,
             "client": session.status() if session is not None else None}
 

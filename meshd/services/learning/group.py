@@ -140,7 +140,8 @@ class Group:
         self.hash_round = -1
         self.hashes: dict[int, bytes] = {}  # round -> this member's hash after it, for the latest rounds
         self.bytes_in: Counter = Counter()  # peer key -> bytes received
-        self.bytes_out: Counter = Counter()
+        self.bytes_out: Counter = Counter()  # ... and sent: contributions and reduced slices
+        self.state_bytes_out: Counter = Counter()  # ... and the states it served to members joining
         self.samples: Counter = Counter()  # peer key -> samples contributed, last round it did
         self.clipped: Counter = Counter()  # peer key -> rounds its contribution was clipped
         self.used: Counter = Counter()  # peer key -> rounds its contribution was in a reduction here
@@ -944,7 +945,7 @@ class Group:
             with self._bulk.lend(offer.named) as loan:  # the reducer fetches them before it answers
                 await self._host.rpc.client_stream(reducer, "learning.part",
                                                    [head, *self._lent_frames(offer, loan)], timeout=None)
-                self._count_loan(reducer, loan)
+                self._count_loan(self.bytes_out, reducer, loan)
 
         try:
             with exchange.call_to(reducer.key), trio.fail_after(timeout):
@@ -1155,19 +1156,26 @@ class Group:
         """The frames of ``offer`` for ``peer``: the signed head, then the
         tensors; with ``lane`` (and a direct path) only their headers, the
         payloads lent on the bulk lane until ``peer`` has fetched them all
-        (or a round's timeout passes)."""
+        (or a round's timeout passes).  The bytes count in
+        :attr:`state_bytes_out` for a state, in :attr:`bytes_out` otherwise."""
+        sent = self.state_bytes_out if offer.contribution.kind == "state" else self.bytes_out
         if lane and self._bulk.usable(peer, offer.named):
             with self._bulk.lend(offer.named) as loan:
                 for frame in self._lent_frames(offer, loan, **extra):
                     yield frame
                 with trio.move_on_after(self.clock.timeout()):
                     await loan.done.wait()
-                self._count_loan(peer, loan)
+                self._count_loan(sent, peer, loan)
             return
         yield {"contribution": offer.contribution.to_wire(), "signature": offer.signature, **extra}
         for frame in frames(offer.named):
-            self.bytes_out[peer.key] += len(frame.get("c", b""))
+            sent[peer.key] += len(frame.get("c", b""))
             yield frame
+
+    @staticmethod
+    def _count_loan(sent: Counter, peer: PeerId, loan: Loan) -> None:
+        if loan.done.is_set():
+            sent[peer.key] += loan.nbytes
 
     @staticmethod
     def _lent_frames(offer: Offer, loan: Loan, **extra) -> list[dict]:
@@ -1175,10 +1183,6 @@ class Group:
         return [{"contribution": offer.contribution.to_wire(), "signature": offer.signature, **extra,
                  "lane": loan.ticket, "tensors": len(offer.named)},
                 *(header(name, enc) for name, enc in offer.named)]
-
-    def _count_loan(self, peer: PeerId, loan: Loan) -> None:
-        if loan.done.is_set():
-            self.bytes_out[peer.key] += loan.nbytes
 
     async def _items(self, peer: PeerId, offer: Offer, head: dict) -> AsyncIterator[dict]:
         yield head
