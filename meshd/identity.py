@@ -8,6 +8,7 @@ key followed by a 3-byte checksum, in lowercase RFC 4648 base32 without padding:
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import stat
@@ -38,6 +39,13 @@ def _checksum(key: bytes) -> bytes:
     return hashlib.sha256(b"meshd-peer-id" + key).digest()[:_CHECKSUM_LEN]
 
 
+@functools.lru_cache(maxsize=4096)
+def _text_of(key: bytes) -> str:
+    """The text form of ``key`` (a node meets few peers, and names each of them often:
+    every change a watcher is told of names its author)."""
+    return base64.b32encode(key + _checksum(key)).decode().lower()
+
+
 class PeerId:
     """The public identity of a node: 32 raw Ed25519 public-key bytes.
 
@@ -45,13 +53,12 @@ class PeerId:
     text form and :meth:`from_string` parses it back.
     """
 
-    __slots__ = ("key", "_text")
+    __slots__ = ("key",)
 
     def __init__(self, key: bytes):
         if not isinstance(key, bytes) or len(key) != 32:
             raise PeerIdError("a PeerId is 32 bytes of Ed25519 public key")
         self.key = key
-        self._text = base64.b32encode(key + _checksum(key)).decode().lower()
 
     @classmethod
     def from_string(cls, text: str) -> "PeerId":
@@ -85,10 +92,10 @@ class PeerId:
 
     def short(self) -> str:
         """The first 10 characters, for logs and tables."""
-        return self._text[:10]
+        return _text_of(self.key)[:10]
 
     def __str__(self) -> str:
-        return self._text
+        return _text_of(self.key)
 
     def __repr__(self) -> str:
         return f"PeerId({self.short()}...)"
