@@ -6,6 +6,7 @@ import socket
 
 import pytest
 import trio
+import trio.testing
 
 import meshd
 from meshd.control import server as control_server_module
@@ -22,6 +23,7 @@ class Daemon:
         self.connections = 0
         self.cancelled = 0
         self.hanging = trio.Semaphore(0)  # released once per hang handler started
+        self.sessions = []  # the daemon's side of each connection
 
     def methods(self) -> dict:
         async def echo(arg, ctx):
@@ -45,8 +47,16 @@ class Daemon:
             async for item in channel:
                 await channel.send(item * 2)
 
-        return {"echo": echo, "hang": hang, "count": count,
+        async def starts_work(arg, ctx):
+            self.nursery.start_soon(self.look_at_the_reply)
+            return arg
+
+        return {"echo": echo, "hang": hang, "count": count, "starts_work": starts_work,
                 "total": (total, "client_stream"), "double": (double, "bidi")}
+
+    async def look_at_the_reply(self):
+        """(A task a handler started:) note whether the reply has left the daemon's side."""
+        self.replied_first.append(not any(session._mux.wants_to_send for session in self.sessions))
 
 
 @pytest.fixture
@@ -56,6 +66,7 @@ async def daemon(nursery, tmp_path, monkeypatch):
     class CountingSession(control_server_module.MuxSession):
         async def serve(self, handle):
             state.connections += 1
+            state.sessions.append(self)
             await super().serve(handle)
 
     monkeypatch.setattr(control_server_module, "MuxSession", CountingSession)
@@ -95,6 +106,18 @@ async def test_calls_of_every_kind_share_one_connection(daemon):
     assert [results[i]["i"] for i in range(20)] == list(range(20))
     assert results["count"] == list(range(500)) and results["total"] == 4950 and results["double"] == 42
     assert daemon.connections == 1
+
+
+async def test_a_reply_leaves_the_daemon_before_the_tasks_its_handler_started_run(daemon, nursery):
+    """(It waited for the connection's writer task, behind them: a DHT put's other stores.)"""
+    client = meshd.Client(daemon.path)
+    await client.request("echo", 1)  # the connection is open
+    daemon.nursery, daemon.replied_first = nursery, []
+    for i in range(20):
+        assert await client.request("starts_work", i) == i
+        await trio.testing.wait_all_tasks_blocked()
+    await client.aclose()
+    assert daemon.replied_first == [True] * 20
 
 
 async def test_a_cancelled_call_leaves_the_others_alone(daemon):
