@@ -145,6 +145,10 @@ async def main(args) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, make in [("digits MLP", digits_mlp), (f"{args.mib} MiB float32", lambda: big_model(args.mib))]:
+            layers = sum(1 for m in make().modules() if not list(m.children()) and list(m.parameters()))
+            if args.fragments > layers:
+                print(f"{label}: skipped, {layers} layers cannot make {args.fragments} fragments", flush=True)
+                continue
             size = sum(p.numel() * p.element_size() for p in make().parameters())
             name = label.replace(" ", "-")
             inproc = await in_process(make, args, Path(tmp) / name)

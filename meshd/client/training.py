@@ -158,12 +158,14 @@ class _Session:
     async def exchange(self, head: dict, *, tensors: bool = True, names=None) -> dict:
         """Send ``head`` and (with ``tensors``) every tensor; the daemon's answer (its tensors copied in).
 
-        ``names``: over shared memory, the only tensors the daemon reads or writes for this
-        head (a streaming sync's fragments): only they are copied into the shadow, and out of
-        it unless the answer says ``replaced`` (a state taken: every tensor comes out)."""
+        ``names``: the only tensors the daemon reads or writes for this head (a streaming
+        sync's fragments): only they are sent (over shared memory, copied into the shadow),
+        and only they come back unless the answer says ``replaced`` (a state taken: every
+        tensor comes back)."""
         self.check_open()
         if tensors:
-            head = {**head, "tensors": 0 if self._shadow is not None else len(self.tensors)}
+            count = len(self.tensors) if names is None else len(names)
+            head = {**head, "tensors": 0 if self._shadow is not None else count}
         return await self._guarded(self._send_and_answer(head, tensors, names))
 
     def check_open(self) -> None:
@@ -187,7 +189,8 @@ class _Session:
         if head is not None:
             await channel.send(head)
         if tensors and not shared:
-            for frame in frames((name, encode(t.detach(), "none")) for name, t in self.tensors.items()):
+            sent = self.tensors.items() if names is None else ((name, self.tensors[name]) for name in names)
+            for frame in frames((name, encode(t.detach(), "none")) for name, t in sent):
                 await channel.send(frame)
         answer = await channel.receive()
         state = answer.get("state") if isinstance(answer, dict) else None

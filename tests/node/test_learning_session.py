@@ -366,6 +366,12 @@ async def test_streaming_diloco_through_a_node_is_a_member_in_step_with_in_proce
         session = nodes[2].service("learning").sessions["g"]  # the last step landed fragment 1: the model
         last = member.fragments[1]                                 # holds the shadow's values of it
         assert all(torch.equal(p.detach(), session.tensors[n]) for n, p in models[2].named_parameters() if n in last)
+        sizes = {n: p.numel() * p.element_size() for n, p in models[2].named_parameters()}
+        if not shared:  # each sync carried its fragment only, each way (the join's upload: the whole model)
+            fragment_bytes = sum(sizes[n] for n in member.fragments[0])
+            syncs = len(inner_opt.after) // (inner // fragments) * 2  # a start and a landing per fragment
+            assert session.bytes_in - sum(sizes.values()) <= syncs * fragment_bytes
+            assert session.bytes_out <= sum(sizes.values()) + syncs // 2 * fragment_bytes  # θ with each landing
 
     assert script.resyncs == 0 and len(inner_opt.after) == steps and script.overlap == 2
     begins = range(inner // fragments, steps + 1, inner // fragments)  # fragment 0 at 4, 12, ...; 1 at 8, 16, ...

@@ -81,7 +81,7 @@ import trio
 
 from learn.compress import encode
 from learn.encoded import CODECS, FLOATING, ITEMSIZE, check_block
-from learn.fragments import overlap_steps, split
+from learn.fragments import due, lands, overlap_steps, split
 from learn.membership import MAX_ISLAND
 from learn.robust import parse_rule
 from learn.tensors import DTYPES, tensor_view
@@ -297,26 +297,46 @@ class Session:
             key = "sync" if self.algorithm == "diloco" else "step"
             sync = field(head, key, dict)
             count = field(head, "tensors", int)
-            if count != (0 if self.shared else len(self.specs)):
-                raise InvalidArgument(f"a {key} sends all {len(self.specs)} tensors, not {count}" if not self.shared
-                                      else f"a {key} of a shared-memory session sends no tensors, not {count}")
             samples = _number(sync, "samples", int, 0, (1 << 63) - 1, 0)
             steps = _number(sync, "steps", int, 1, self.opt.H, None) if self.algorithm == "diloco" else 0
             if steps is None:
                 raise InvalidArgument(f"a sync says how many inner steps (1 to {self.opt.H}) it follows")
+            acting = self._acting(steps)
+            stale = acting is not None and self._stale()  # the script's fragments may not be ours: any will do
+            expected = 0 if self.shared else len(self.specs) if acting is None else len(acting)
+            if count != expected and not (stale and not self.shared):
+                raise InvalidArgument(f"a {key} of a shared-memory session sends no tensors, not {count}"
+                                      if self.shared else f"this {key} sends {expected} tensors, not {count}")
             self.syncs += 1
             if not self.shared:  # shared: the script wrote them into the shadow before it sent the head
-                self.bytes_in += await _receive(channel, self.specs, self.tensors, count, self.limits)
+                specs = self.specs if acting is None or stale else {n: self.specs[n] for n in acting}
+                self.bytes_in += await _receive(channel, specs, self.tensors, count, self.limits)
             if self.algorithm == "gossip":
                 report = await self.opt.step(samples)
                 await self._answer(channel, replaced=False, changed=report.merged > 0, report=[
                     report.round, report.partners, report.merged, report.bytes_in, report.seconds])
             else:
-                await self._sync(channel, steps, samples)
+                await self._sync(channel, steps, samples, acting)
 
-    async def _sync(self, channel, steps: int, samples: int) -> None:
+    def _acting(self, steps: int) -> list[str] | None:
+        """The tensors a Streaming DiLoCo sync after ``steps`` more inner steps acts on: those of
+        the fragments whose exchange starts or lands then (what a socket sync carries each way);
+        None for a sync of every tensor (DiLoCo without fragments, gossip)."""
         opt = self.opt
-        if sum(opt.takes.values()) != self._takes:  # a resync since the script's last tensors: they are stale
+        if self.algorithm != "diloco" or opt.P == 1:
+            return None
+        step = opt.steps + steps
+        parts = set(due(step, opt.H, opt.P)) | set(lands(step, opt.H, opt.P, opt.overlap))
+        return [name for p in sorted(parts) for name in opt.fragments[p]]
+
+    def _stale(self) -> bool:
+        """Whether the daemon's DiLoCo took a state since the script's last tensors (so the
+        script counted its steps from another place, and what it sends is dropped)."""
+        return sum(self.opt.takes.values()) != self._takes
+
+    async def _sync(self, channel, steps: int, samples: int, acting: list[str] | None) -> None:
+        opt = self.opt
+        if self._stale():  # a resync since the script's last tensors: they are stale
             with torch.no_grad():
                 for name, tensor in self.tensors.items():
                     tensor.copy_(opt.theta[name])  # as the resync left them (the upload wrote over them)
@@ -325,11 +345,14 @@ class Session:
         for i in range(steps):  # the script's inner steps, in DiLoCo's count: the last one syncs
             await opt.step(samples if i == 0 else 0)
         # a state taken meanwhile rewrote every tensor: the script copies them all, not only its fragments
-        await self._answer(channel, replaced=sum(opt.takes.values()) != self._takes,
-                           changed=opt.version != self._version)
+        replaced = self._stale()
+        await self._answer(channel, replaced=replaced, changed=opt.version != self._version,
+                           names=None if replaced else acting)
 
-    async def _answer(self, channel, *, replaced: bool, changed: bool, report: list | None = None) -> None:
-        """The state the script mirrors, then the tensors it must copy in (all, or none)."""
+    async def _answer(self, channel, *, replaced: bool, changed: bool, report: list | None = None,
+                      names: list[str] | None = None) -> None:
+        """The state the script mirrors, then the tensors it must copy in (none, ``names``
+        (a streaming sync's fragments: the socket carries only them), or all)."""
         state: dict = {"replaced": replaced}
         if isinstance(self.opt, DiLoCo):
             opt, group = self.opt, self.group
@@ -344,11 +367,11 @@ class Session:
         if self.shared:  # the values are in the shadow already: the script copies them out if changed
             await channel.send({"state": state, "tensors": 0, "changed": changed})
             return
-        await channel.send({"state": state, "tensors": len(self.tensors) if changed else 0})
-        if changed:
-            for frame in frames((name, encode(tensor, "none")) for name, tensor in self.tensors.items()):
-                await channel.send(frame)
-            self.bytes_out += sum(t.numel() * t.element_size() for t in self.tensors.values())
+        sent = {} if not changed else self.tensors if names is None else {n: self.tensors[n] for n in names}
+        await channel.send({"state": state, "tensors": len(sent)})
+        for frame in frames((name, encode(tensor, "none")) for name, tensor in sent.items()):
+            await channel.send(frame)
+        self.bytes_out += sum(t.numel() * t.element_size() for t in sent.values())
 
     def status(self) -> dict:
         return {"algorithm": self.algorithm, "memory": "shared" if self.shared else "socket",
