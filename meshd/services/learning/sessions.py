@@ -55,9 +55,10 @@ bytes, dtype and shape; never pickled; checked by :class:`learn.tensorset.SetDec
   the exchange runs in the daemon while the script trains on) and at every
   one where a fragment's exchange lands (:func:`learn.fragments.lands`: θ_p
   mixed into the tensors sent then), so the script's model gets what an
-  in-process member's would at the same step; over shared memory the script
-  copies only those fragments' tensors in and out (all of them when the
-  answer says ``replaced``).  If the daemon took another member's state
+  in-process member's would at the same step; only those fragments' tensors
+  cross, each way (over the socket n is their count; over shared memory the
+  script copies only them in and out), all of them when the answer says
+  ``replaced``.  If the daemon took another member's state
   since its last answer (a resync), the script's tensors are stale: they are
   dropped, no exchange runs, and the answer carries the state taken
   (``replaced``); an answer is ``replaced`` too when a state was taken while
