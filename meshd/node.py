@@ -40,7 +40,7 @@ from .rpc.args import field, peer_field
 from .rpc.peer import PeerRpc
 from .service import Lookup, Method, Route, Service
 from .transport import DialError, Endpoint, PeerConnection
-from .transport.endpoint import VIRTUAL_HOST
+from .transport.endpoint import VIRTUAL_HOST, is_loopback
 
 log = logging.getLogger("meshd.node")
 
@@ -250,7 +250,9 @@ class Node:
             self.peerstore.seen(conn.peer_id)
 
     def _serve_stream(self, conn: PeerConnection, stream) -> None:
-        info = {"remote": _direct_address(conn), "path": conn.path}
+        remote = _direct_address(conn)
+        counted = remote is not None and (self.config.transport.limit_loopback or not is_loopback(remote[0]))
+        info = {"remote": remote, "path": conn.path, "address": remote[0] if counted else None}
         self._nursery.start_soon(self.rpc.server.serve_call, stream, conn.peer_id, info)
 
     async def _learn_about(self, conn: PeerConnection) -> None:

@@ -37,6 +37,9 @@ class RpcConfig:
     # to all peers: a frame of 64 KiB or more past either is refused, not waited for (rpc/budget.py)
     peer_held_bytes: int = field(default=32 << 20, metadata={"min": 1 << 20, "max": 1 << 40})
     held_bytes: int = field(default=256 << 20, metadata={"min": 1 << 20, "max": 1 << 40})
+    # ... and the calls of all peers at one IP address (loopback not counted unless
+    # transport.limit_loopback): fresh identities on one machine share it
+    address_held_bytes: int = field(default=64 << 20, metadata={"min": 1 << 20, "max": 1 << 40})
 
 
 class _Connection(Protocol):
@@ -59,6 +62,7 @@ class PeerRpc:
             first_frame_timeout=config.first_frame_timeout, max_call_timeout=config.max_call_timeout,
             busy_calls=config.busy_calls, peer_share=config.peer_share,
             held_bytes=config.held_bytes, peer_held_bytes=config.peer_held_bytes,
+            address_held_bytes=config.address_held_bytes,
         )
         self._observer: CallTable | None = None
 

@@ -85,6 +85,7 @@ class RpcServer:
         peer_share: int = 1,
         held_bytes: float = math.inf,
         peer_held_bytes: float = math.inf,
+        address_held_bytes: float = math.inf,
     ):
         """``explain_unknown(name)`` may give the error for a method not
         registered (say, of a service that is off); UNKNOWN_METHOD otherwise.
@@ -92,8 +93,9 @@ class RpcServer:
         From ``busy_calls`` calls running in all, a peer that runs
         ``peer_share`` or more waits its turn (:class:`FairShare`); by default
         no call waits.  The frames calls hold may add up to ``held_bytes`` in
-        all and ``peer_held_bytes`` per peer (:class:`ByteBudget`); by default
-        they are not bounded.
+        all, ``peer_held_bytes`` per peer and ``address_held_bytes`` per address
+        (a call's ``info["address"]``, where the caller gives one) (:class:`ByteBudget`);
+        by default they are not bounded.
         """
         self.max_frame = max_frame
         self.max_calls_per_peer = max_calls_per_peer
@@ -102,7 +104,7 @@ class RpcServer:
         self._explain_unknown = explain_unknown
         self._methods: dict[str, _Method] = {}
         self._turns: FairShare[trio.Event] = FairShare(busy_calls, peer_share)
-        self.budget = ByteBudget(held_bytes, peer_held_bytes)
+        self.budget = ByteBudget(held_bytes, peer_held_bytes, address_share=address_held_bytes)
         self.observer: CallTable | None = None  # counts each call that reached its handler, once set
 
     def register(self, name: str, handler: Callable, *, kind: str | None = None) -> None:
@@ -141,7 +143,7 @@ class RpcServer:
         """
         if not await self._turn(stream, peer):
             return
-        held = CallBytes(self.budget, peer)
+        held = CallBytes(self.budget, peer, (info or {}).get("address"))
         try:
             observer = self.observer
             if observer is not None:

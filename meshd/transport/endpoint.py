@@ -140,7 +140,8 @@ def _destination_cid(data: bytes) -> bytes:
     return data[1:1 + _HOST_CID_LENGTH]
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is an IP literal of this machine's loopback (IPv4-mapped included)."""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -362,7 +363,7 @@ class Endpoint:
         """
         if addr[0] == VIRTUAL_HOST:
             return self.config.relayed_datagram_size
-        return self.config.loopback_datagram_size if _is_loopback(addr[0]) else 0
+        return self.config.loopback_datagram_size if is_loopback(addr[0]) else 0
 
     def _path_limit(self, addr: tuple) -> tuple[int, int]:
         """(the largest datagram worth probing towards ``addr``, its IP+UDP header bytes).
@@ -500,7 +501,7 @@ class Endpoint:
         one machine cannot take every slot.  Relayed paths (their address is the relay's
         business) and, by default, loopback are not counted."""
         host = addr[0]
-        if host == VIRTUAL_HOST or (not self.config.limit_loopback and _is_loopback(host)):
+        if host == VIRTUAL_HOST or (not self.config.limit_loopback and is_loopback(host)):
             return False
         return sum(1 for conn in self._cids if conn.remote_addr[0] == host) >= self.config.max_per_address
 

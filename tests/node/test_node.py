@@ -147,6 +147,33 @@ async def test_a_crowded_address_is_refused_and_other_addresses_still_get_in(tmp
         assert e.endpoint.stats["refused_address"] == 0
 
 
+async def test_peers_at_one_address_share_the_bytes_their_calls_may_hold(tmp_path):
+    """``rpc.address_held_bytes`` bounds the frames the calls of every peer at one IP address
+    hold (fresh identities on one machine share it); loopback, as here, counts with ``limit_loopback``."""
+    config = Config()
+    config.rpc.address_held_bytes, config.transport.limit_loopback = 1 << 20, True
+    async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0", config=config) as a, \
+            meshd.open_node(tmp_path / "b", listen="127.0.0.1:0") as b, \
+            meshd.open_node(tmp_path / "c", listen="127.0.0.1:0") as c:
+        release, holding = trio.Event(), trio.Event()
+
+        async def hold(arg, ctx):  # keeps its request frame until released
+            holding.set()
+            await release.wait()
+            return len(arg)
+
+        a.rpc.register("hold", hold)
+        await b.connect(a.address)
+        await c.connect(a.address)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(b.rpc.call, a.peer_id, "hold", b"x" * (700 << 10))
+            await holding.wait()
+            with pytest.raises(meshd.ResourceExhausted, match="address"):  # another identity, same address
+                await c.rpc.call(a.peer_id, "hold", b"y" * (700 << 10))
+            release.set()
+        assert await c.rpc.call(a.peer_id, "hold", b"y" * (700 << 10)) == 700 << 10  # given back
+
+
 async def test_unknown_peer_and_bad_input_are_clear_errors(tmp_path):
     async with meshd.open_node(tmp_path / "a", listen="127.0.0.1:0") as a:
         stranger = meshd.Identity.generate().peer_id

@@ -48,6 +48,7 @@ KEYS = [
     ("rpc", "peer_share", 16, 2),
     ("rpc", "peer_held_bytes", 32 << 20, 8 << 20),
     ("rpc", "held_bytes", 256 << 20, 64 << 20),
+    ("rpc", "address_held_bytes", 64 << 20, 16 << 20),
     ("dht", "peer_rate", 20.0, 5.0),
     ("dht", "peer_burst", 200, 50),
     ("dht", "max_per_prefix", 3, 1),
@@ -280,8 +281,8 @@ def test_the_fairness_keys_reach_the_peer_rpc_server():
 
 
 def test_the_byte_budget_keys_reach_the_peer_rpc_server():
-    budget = served_by({"peer_held_bytes": 8 << 20, "held_bytes": 64 << 20}).budget
-    assert (budget.share, budget.total) == (8 << 20, 64 << 20)
+    budget = served_by({"peer_held_bytes": 8 << 20, "held_bytes": 64 << 20, "address_held_bytes": 16 << 20}).budget
+    assert (budget.share, budget.total, budget.address_share) == (8 << 20, 64 << 20, 16 << 20)
 
 
 @pytest.mark.parametrize("keys,waited", [({}, 10.0), ({"first_frame_timeout": 2.0}, 2.0)])

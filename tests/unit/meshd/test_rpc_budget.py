@@ -29,6 +29,18 @@ def test_small_frames_are_not_counted_and_large_ones_are_bounded_per_peer_and_in
     assert budget.take("c", MIB) == MIB and budget.held == 3 * MIB
 
 
+def test_peers_at_one_address_share_its_bytes_and_other_addresses_are_not_held_back():
+    budget = ByteBudget(total=64 * MIB, share=3 * MIB, address_share=5 * MIB)
+    assert budget.take("a", 3 * MIB, "10.0.0.1") == 3 * MIB
+    assert budget.take("b", 2 * MIB, "10.0.0.1") == 2 * MIB
+    with pytest.raises(OverBudget, match="address"):  # a third fresh identity on that machine
+        budget.take("c", MIB, "10.0.0.1")
+    assert budget.take("d", 3 * MIB, "10.0.0.2") == 3 * MIB
+    assert budget.take("e", 3 * MIB) == 3 * MIB  # no address given (loopback, a relayed path): not counted
+    budget.give("a", 3 * MIB, "10.0.0.1")
+    assert budget.take("c", MIB, "10.0.0.1") == MIB
+
+
 def test_a_call_gives_back_everything_it_held_when_it_ends():
     budget = ByteBudget(share=4 * MIB)
     call = CallBytes(budget, "a")
