@@ -5,6 +5,8 @@ Runs on trio's MockClock (the ``autojump_clock`` fixture): simulated latency
 and timeouts cost no real time, so lookup durations count round trips.
 """
 
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 import trio.testing
@@ -51,45 +53,41 @@ async def test_stale_replicas_are_corrected_after_a_get(small):
         nursery.cancel_scope.cancel()
 
 
-async def test_in_a_mesh_smaller_than_k_a_put_takes_one_round_trip_and_reaches_every_node(autojump_clock):
+@asynccontextmanager
+async def small_mesh(seed: int, config: DhtConfig | None = None):
+    """(network, 12 nodes that all know each other, running), 5 ms one way; stopped on exit."""
     net = SimNetwork(latency=0.005)
-    nodes = make_nodes(net, 12, seed=4)
-    fill_tables(nodes, seed=4)
+    nodes = make_nodes(net, 12, seed=seed, **({"config": config} if config else {}))
+    fill_tables(nodes, seed=seed)
     async with trio.open_nursery() as nursery:
         for node in nodes:
             node.start(nursery)
+        yield net, nodes
+        nursery.cancel_scope.cancel()
+
+
+async def test_in_a_mesh_smaller_than_k_a_put_takes_one_round_trip_and_reaches_every_node(autojump_clock):
+    async with small_mesh(4) as (net, nodes):
         started = trio.current_time()
         assert await nodes[0].put(b"/open/small", b"v") == QUORUM
         assert trio.current_time() - started == pytest.approx(2 * net.latency)  # no lookup first
         await net.settle()  # the rest, and the lookup, in the background
         assert all(n.records.get(b"/open/small", n.wall()) is not None for n in nodes)
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_put_answers_its_caller_before_it_sends_the_stores_beyond_its_quorum(autojump_clock):
-    net = SimNetwork(latency=0.005)
-    nodes = make_nodes(net, 12, seed=4)
-    fill_tables(nodes, seed=4)
-    async with trio.open_nursery() as nursery:
-        for node in nodes:
-            node.start(nursery)
+    async with small_mesh(4) as (net, nodes):
         assert await nodes[0].put(b"/open/first", b"v") == QUORUM
         assert net.methods[PUT_VALUE] == QUORUM  # the caller runs on before the other stores start
         await net.settle()
         assert net.methods[PUT_VALUE] == len(nodes) - 1
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_small_mesh_put_looks_for_strangers_only_if_its_bucket_had_no_recent_lookup(autojump_clock):
-    net = SimNetwork(latency=0.005)
-    nodes = make_nodes(net, 12, seed=4)
-    fill_tables(nodes, seed=4)
-    writer = nodes[0]
-    far = [k for k in (b"/open/far-%d" % i for i in range(64))  # keys in the writer's farthest bucket
-           if (int.from_bytes(key_id(k), "big") ^ writer.table.own_num).bit_length() == 256][:3]
-    async with trio.open_nursery() as nursery:
-        for node in nodes:
-            node.start(nursery)
+    async with small_mesh(4) as (net, nodes):
+        writer = nodes[0]
+        far = [k for k in (b"/open/far-%d" % i for i in range(64))  # keys in the writer's farthest bucket
+               if (int.from_bytes(key_id(k), "big") ^ writer.table.own_num).bit_length() == 256][:3]
 
         async def lookups_of_a_put(key: bytes) -> int:
             before = net.methods[FIND_NODE]
@@ -101,16 +99,10 @@ async def test_a_small_mesh_put_looks_for_strangers_only_if_its_bucket_had_no_re
         assert await lookups_of_a_put(far[1]) == 0  # that lookup met whoever is there
         await trio.sleep(DhtConfig().recent_lookup)
         assert await lookups_of_a_put(far[2]) > 0
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_get_checks_only_records_that_are_not_copies_of_its_own(autojump_clock, monkeypatch):
-    net = SimNetwork(latency=0.005)
-    nodes = make_nodes(net, 12, seed=7)
-    fill_tables(nodes, seed=7)
-    async with trio.open_nursery() as nursery:
-        for node in nodes:
-            node.start(nursery)
+    async with small_mesh(7) as (net, nodes):
         await nodes[0].put(b"/open/copies", b"v1", seq=1)
         await net.settle()
         reader = nodes[1]
@@ -123,16 +115,10 @@ async def test_a_get_checks_only_records_that_are_not_copies_of_its_own(autojump
             node.records.put(v2, node.wall())
         assert (await reader.get(b"/open/copies")).seq == 2
         assert checked and set(checked) == {2}
-        nursery.cancel_scope.cancel()
 
 
 async def test_with_a_get_quorum_of_one_a_record_held_here_is_the_answer_without_asking(autojump_clock):
-    net = SimNetwork(latency=0.005)
-    nodes = make_nodes(net, 12, config=DhtConfig(get_quorum=1), seed=5)
-    fill_tables(nodes, seed=5)
-    async with trio.open_nursery() as nursery:
-        for node in nodes:
-            node.start(nursery)
+    async with small_mesh(5, DhtConfig(get_quorum=1)) as (net, nodes):
         await nodes[0].put(b"/open/held", b"v")
         await net.settle()
         holder, stranger = nodes[1], make_nodes(net, 1, config=DhtConfig(get_quorum=1), seed=6)[0]
@@ -142,7 +128,6 @@ async def test_with_a_get_quorum_of_one_a_record_held_here_is_the_answer_without
         assert net.methods[GET_VALUE] == asked
         assert (await stranger.get(b"/open/held")).value == b"v"  # holding none, it asks
         assert net.methods[GET_VALUE] > asked
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_get_whose_replicas_agree_sends_the_record_only_to_asked_nodes_without_it(small):
