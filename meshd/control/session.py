@@ -6,11 +6,11 @@ at once when the socket takes them and no write is under way; what the socket
 does not take is left to a writer task, so a handler that is cancelled never
 stops in the middle of a frame and no handler waits for another's bytes.
 Sending at once saves the writer's scheduling round, in which the tasks the
-handler started (a put's other stores, a write's pushes) would run first.  A client has no task of its
-own (:meth:`MuxSession.connect`): whichever of its calls waits for bytes
-reads the socket for all of them, and writes go out under a lock, shielded
-from cancellation so a frame is never cut in half (the daemon always reads,
-so they finish at once).
+handler started (a put's other stores, a write's pushes) would run first.
+A client has no task of its own (:meth:`MuxSession.connect`): whichever of
+its calls waits for bytes reads the socket for all of them, and writes go
+out under a lock, shielded from cancellation so a frame is never cut in half
+(the daemon always reads, so they finish at once).
 """
 
 from __future__ import annotations

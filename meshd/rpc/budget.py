@@ -7,9 +7,9 @@ call's deadline.  :class:`ByteBudget` counts those bytes per peer, per
 address (the IP a peer's calls came from, if the caller names one: many
 fresh identities on one machine share it) and for the node; a frame that
 would take its peer past ``share``, its address past ``address_share``, or
-the node past ``total``, is refused (the server answers RESOURCE_EXHAUSTED before reading
-the frame's body) rather than waited for: a wait would let calls whose
-answers are never read stall every other peer's large calls.  Frames below
+the node past ``total``, is refused (the server answers RESOURCE_EXHAUSTED
+before reading the frame's body) rather than waited for: a wait would let
+calls whose answers are never read stall every other peer's large calls.  Frames below
 ``small`` bytes are not counted: a connection's streams
 (``transport.max_streams``) bound them already.
 """
@@ -80,6 +80,7 @@ class ByteBudget:
 
 
 def _less(counts: Counter, key: Hashable, size: int) -> None:
+    """Take ``size`` off ``counts[key]``, dropping the key at zero."""
     left = counts[key] - size
     if left:
         counts[key] = left
