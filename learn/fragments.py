@@ -52,6 +52,15 @@ def lands(step: int, inner_steps: int, parts: int, overlap: int) -> list[int]:
     return due(step - overlap, inner_steps, parts) if step > overlap else []
 
 
+def acting(step: int, inner_steps: int, parts: int, overlap: int) -> list[int]:
+    """The fragments a (Streaming) DiLoCo member acts on after inner step ``step``, in
+    order: with ``parts`` 1 the outer sync's (every ``inner_steps`` steps), otherwise those
+    whose exchange starts (:func:`due`) or lands (:func:`lands`) then."""
+    if parts == 1:
+        return due(step, inner_steps, 1)
+    return sorted(set(due(step, inner_steps, parts)) | set(lands(step, inner_steps, parts, overlap)))
+
+
 def mix(local: torch.Tensor, global_: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
     """α·local + (1−α)·global."""
     return alpha * local + (1 - alpha) * global_

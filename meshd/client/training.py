@@ -35,7 +35,7 @@ import trio
 
 from learn.compress import encode
 from learn.encoded import FLOATING
-from learn.fragments import due, lands, overlap_steps, split
+from learn.fragments import acting, overlap_steps, split
 from learn.reports import GossipReport, SyncReport
 from learn.robust import parse_rule
 from learn.tensors import DTYPES, dtype_name
@@ -396,21 +396,13 @@ class RemoteDiLoCo(_Remote):
         self.steps += 1
         self._pending += 1
         self.samples += samples
-        acting = self._acting()
-        if acting:
-            names = None if self.P == 1 else [n for p in acting for n in self._fragments[p]]
+        parts = acting(self.steps, self.H, self.P, self.overlap)
+        if parts:
+            names = None if self.P == 1 else [n for p in parts for n in self._fragments[p]]
             state = await self._session.exchange({"sync": {"steps": self._pending, "samples": self.samples}},
                                                  names=names)
             self._pending = self.samples = 0
             self._take(state)
-
-    def _acting(self) -> set[int]:
-        """The fragments the daemon's DiLoCo acts on after this inner step (as an in-process
-        member's would): the outer sync's, or with fragments those whose exchange starts or
-        lands now; empty if none."""
-        if self.P == 1:
-            return set(due(self.steps, self.H, 1))
-        return set(due(self.steps, self.H, self.P)) | set(lands(self.steps, self.H, self.P, self.overlap))
 
     def _take(self, state: dict) -> None:
         try:

@@ -82,7 +82,7 @@ import trio
 
 from learn.compress import encode
 from learn.encoded import CODECS, FLOATING, ITEMSIZE, check_block
-from learn.fragments import due, lands, overlap_steps, split
+from learn.fragments import acting, overlap_steps, split
 from learn.membership import MAX_ISLAND
 from learn.robust import parse_rule
 from learn.tensors import DTYPES, tensor_view
@@ -302,22 +302,24 @@ class Session:
             steps = _number(sync, "steps", int, 1, self.opt.H, None) if self.algorithm == "diloco" else 0
             if steps is None:
                 raise InvalidArgument(f"a sync says how many inner steps (1 to {self.opt.H}) it follows")
-            acting = self._acting(steps)
-            stale = acting is not None and self._stale()  # the script's fragments may not be ours: any will do
-            expected = 0 if self.shared else len(self.specs) if acting is None else len(acting)
-            if count != expected and not (stale and not self.shared):
+            # The tensors this sync carries (None: every one); after a state taken here the script
+            # counted its steps from another place, so any of its tensors will do (they are dropped).
+            names = self._acting(steps)
+            stale = names is not None and self._stale()
+            specs = self.specs if names is None or stale else {n: self.specs[n] for n in names}
+            expected = 0 if self.shared else None if stale else len(specs)
+            if expected is not None and count != expected:
                 raise InvalidArgument(f"a {key} of a shared-memory session sends no tensors, not {count}"
                                       if self.shared else f"this {key} sends {expected} tensors, not {count}")
             self.syncs += 1
             if not self.shared:  # shared: the script wrote them into the shadow before it sent the head
-                specs = self.specs if acting is None or stale else {n: self.specs[n] for n in acting}
                 self.bytes_in += await _receive(channel, specs, self.tensors, count, self.limits)
             if self.algorithm == "gossip":
                 report = await self.opt.step(samples)
                 await self._answer(channel, replaced=False, changed=report.merged > 0, report=[
                     report.round, report.partners, report.merged, report.bytes_in, report.seconds])
             else:
-                await self._sync(channel, steps, samples, acting)
+                await self._sync(channel, steps, samples, names)
 
     def _acting(self, steps: int) -> list[str] | None:
         """The tensors a Streaming DiLoCo sync after ``steps`` more inner steps acts on: those of
@@ -326,16 +328,14 @@ class Session:
         opt = self.opt
         if self.algorithm != "diloco" or opt.P == 1:
             return None
-        step = opt.steps + steps
-        parts = set(due(step, opt.H, opt.P)) | set(lands(step, opt.H, opt.P, opt.overlap))
-        return [name for p in sorted(parts) for name in opt.fragments[p]]
+        return [name for p in acting(opt.steps + steps, opt.H, opt.P, opt.overlap) for name in opt.fragments[p]]
 
     def _stale(self) -> bool:
         """Whether the daemon's DiLoCo took a state since the script's last tensors (so the
         script counted its steps from another place, and what it sends is dropped)."""
         return sum(self.opt.takes.values()) != self._takes
 
-    async def _sync(self, channel, steps: int, samples: int, acting: list[str] | None) -> None:
+    async def _sync(self, channel, steps: int, samples: int, names: list[str] | None) -> None:
         opt = self.opt
         if self._stale():  # a resync since the script's last tensors: they are stale
             with torch.no_grad():
@@ -348,7 +348,7 @@ class Session:
         # a state taken meanwhile rewrote every tensor: the script copies them all, not only its fragments
         replaced = self._stale()
         await self._answer(channel, replaced=replaced, changed=opt.version != self._version,
-                           names=None if replaced else acting)
+                           names=None if replaced else names)
 
     async def _answer(self, channel, *, replaced: bool, changed: bool, report: list | None = None,
                       names: list[str] | None = None) -> None:

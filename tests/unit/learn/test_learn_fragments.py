@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from learn.fragments import due, lands, mix, overlap_steps, split
+from learn.fragments import acting, due, lands, mix, overlap_steps, split
 
 
 @given(st.integers(1, 200), st.data())
@@ -73,6 +73,13 @@ def test_each_fragment_lands_overlap_steps_after_it_started(inner_steps, data):
     for step in range(1, 4 * inner_steps):
         assert lands(step + tau, inner_steps, parts, tau) == due(step, inner_steps, parts)
     assert all(lands(step, inner_steps, parts, tau) == [] for step in range(-1, tau + 1))
+
+
+def test_a_member_acts_at_the_outer_sync_or_where_a_fragment_starts_or_lands():
+    assert [s for s in range(1, 13) if acting(s, 4, 1, 2)] == [4, 8, 12]  # no fragments: the outer syncs
+    assert [(s, acting(s, 8, 2, 2)) for s in range(1, 17) if acting(s, 8, 2, 2)] == [
+        (4, [0]), (6, [0]), (8, [1]), (10, [1]), (12, [0]), (14, [0]), (16, [1])]
+    assert acting(8, 4, 2, 2) == [0, 1]  # fragment 0 starts as fragment 1 lands: both, in order
 
 
 def test_mix_is_alpha_local_plus_one_minus_alpha_global():
