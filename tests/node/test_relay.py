@@ -143,10 +143,10 @@ async def test_a_circuit_ends_at_its_time_limit(tmp_path):
             meshd.open_node(tmp_path / "x", listen="127.0.0.1:0") as x:
         await meet_at_relay(r, n, x)
         with trio.fail_after(20):
+            start = trio.current_time()  # the circuit starts during the dial (which took 0.2 s once, loaded)
             conn = await x.service("nat").relay.dial_via(r.peer_id, n.peer_id)
-            start = trio.current_time()
             await conn.terminated.wait()
-        assert 0.4 < trio.current_time() - start < 5
+        assert 0.45 < trio.current_time() - start < 10
 
 
 async def test_the_control_socket_reserves_and_connects_through_a_relay(tmp_path):
