@@ -9,6 +9,7 @@ packet starts an incoming connection; anything else is counted and dropped.
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import itertools
 import logging
@@ -140,8 +141,12 @@ def _destination_cid(data: bytes) -> bytes:
     return data[1:1 + _HOST_CID_LENGTH]
 
 
+@functools.lru_cache(maxsize=1024)
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` is an IP literal of this machine's loopback (IPv4-mapped included)."""
+    """Whether ``host`` is an IP literal of this machine's loopback (IPv4-mapped included).
+
+    Cached: the node asks for every call it serves (parsing the text costs ~5 µs).
+    """
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -327,13 +332,13 @@ class Endpoint:
             else:
                 self.stats["stun_unhandled"] += 1
             return None
-        try:
-            header = pull_quic_header(Buffer(data=data), host_cid_length=_HOST_CID_LENGTH)
-        except ValueError:
-            self.stats["garbage"] += 1
-            return None
-        conn = self._by_cid.get(header.destination_cid)
+        conn = self._by_cid.get(_destination_cid(data))  # aioquic checks the rest of the header
         if conn is None:
+            try:
+                header = pull_quic_header(Buffer(data=data), host_cid_length=_HOST_CID_LENGTH)
+            except ValueError:
+                self.stats["garbage"] += 1
+                return None
             return self._accept(data, header, addr)  # fed the datagram already
         try:
             conn.datagram_received(data, addr, now)
