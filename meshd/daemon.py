@@ -69,7 +69,7 @@ def build_services(host: Node, config: Config, names: Sequence[str]) -> list[Ser
     if "dht" in names:
         dht = Dht(host, config.dht, backoff_cap=config.peers.bootstrap_max_backoff,
                   reachability=nat.autonat if nat else None,
-                  wait_for_verdict=bool(nat and nat.configured_stun))
+                  wait_for_verdict=bool(nat and nat.configured_stun), relays=nat)
         built.append(dht)
     if "crdt" in names:
         crdt = Crdt(host, config.crdt, providers=dht.node)

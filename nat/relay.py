@@ -209,6 +209,10 @@ class HeldReservations:
         """Whether ``relay`` has granted us a reservation (expired or not)."""
         return relay in self._expires
 
+    def live(self, now: float) -> list[Hashable]:
+        """The relays whose reservation is still live at ``now``."""
+        return [r for r, t in self._expires.items() if t > now]
+
     def status(self, now: float) -> dict:
         """``{str(relay): whole seconds left}`` for the reservations still live at ``now``."""
         return {str(r): round(t - now) for r, t in self._expires.items() if t > now}

@@ -222,6 +222,7 @@ SEEDS: dict[str, Callable[[], Iterable[bytes]]] = {
     "wire_frames": _wire, "rpc_frames": _rpc, "lane_frames": _lane, "lane_request": _lane_request,
     "dht_request": _dht_request, "dht_reply": _dht_reply, "dht_record": lambda: map(pack, _records()),
     "dht_name_value": lambda: [_name_value()], "shard_versions": _versions,
+    "dht_relays": lambda: [pack([f"{PEER}@203.0.113.7:4100", f"{PEER}@[2001:db8::1]:4100"]), pack([])],
     "crdt_change": _changes, "crdt_batch": lambda: [pack(_changes())], "crdt_reconcile": _reconcile,
     "shard_manifest": _manifest, "safetensors_header": _safetensors_header, "relay": _relay,
     "punch": _punch, "autonat": _autonat, "learn_tensor_set": _learn_tensor_set,

@@ -45,6 +45,7 @@ from meshd.lane import _MAX_REQUEST, LaneError, _Framer, _parse_request
 from meshd.rpc.args import field, peer_field, to_peer
 from meshd.rpc.errors import InvalidArgument, ProtocolViolation
 from meshd.rpc.protocol import parse_frame, parse_request
+from meshd.services.dht.relays import decode_relays
 from meshd.services.experts.config import ExpertsSection
 from meshd.services.experts.tensors import from_wire as expert_tensors_from_wire
 from meshd.services.shards.format import ManifestError, decode_manifest, parse_header
@@ -229,6 +230,13 @@ def dht_record(data: bytes) -> None:
 def dht_name_value(data: bytes) -> None:
     """The value of a ``/name/`` record through ``dht.names.parse_name_value``."""
     parse_name_value(data)
+
+
+@target()
+def dht_relays(data: bytes) -> None:
+    """The value of a peer's relays record through ``decode_relays``: it refuses nothing,
+    it skips (at most eight addresses come out)."""
+    assert len(decode_relays(data)) <= 8
 
 
 @target(RecordError)

@@ -19,6 +19,7 @@ from dht.ids import Contact
 from dht.network import ADD_PROVIDER, GET_PROVIDERS, PING, PUT_VALUE
 from dht.records import MAX_VALUE, owned_key, sign_record
 from meshd import Config, ConfigError
+from meshd.services.dht.relays import decode_relays, relays_key
 
 KEY = b"/open/greeting"
 
@@ -165,6 +166,29 @@ async def test_a_peer_known_only_to_the_dht_is_reached_by_peer_id(tmp_path):
         with trio.fail_after(15):
             assert await d.rpc.call(c.peer_id, "ping", "found", timeout=10) == "found"
         assert str(c.listen_address) in d.peerstore.get(c.peer_id).addrs
+
+
+async def test_a_natted_peer_nobody_met_is_reached_through_the_relays_it_published(tmp_path):
+    async with AsyncExitStack() as stack:
+        relay = config()
+        relay.relay.enabled = True
+        [r] = await open_nodes(stack, tmp_path, "r", config=relay)
+        [b] = await open_nodes(stack, tmp_path, "b", bootstrap=[str(r.address)])
+        # N: a DHT client (as behind a NAT: in no routing table), holding a reservation at R
+        natted = config(mode="client", relays_check=0.05)
+        [n] = await open_nodes(stack, tmp_path, "n", bootstrap=[str(r.address)], config=natted)
+        # X knows only B, neither N's address nor its relay; a client too, so that N's
+        # lookups never meet it
+        [x] = await open_nodes(stack, tmp_path, "x", bootstrap=[str(b.address)], config=config(mode="client"))
+        key = relays_key(n.peer_id)
+        held = lambda node: node.service("dht").node.records.get(key, time.time())  # noqa: E731
+        await wait_for(lambda: held(b) is not None, "N's relays record to reach B", timeout=20)
+        assert [str(a) for a in decode_relays(held(b).value)] == [f"{r.peer_id}@{r.listen_address}"]
+        assert x.peerstore.get(n.peer_id) is None
+        with trio.fail_after(20):
+            await x.service("dht").node.joined.wait()  # X's lookups can find others
+            assert await x.rpc.call(n.peer_id, "ping", "through R", timeout=15) == "through R"
+        assert r.service("nat").relay.figures()["relay_circuits_opened_total"] == 1
 
 
 async def test_wildcard_listener_advertises_where_direct_peers_see_it(tmp_path):

@@ -46,6 +46,8 @@ class DhtSection:
     max_providers: int = _bounded(_DHT.max_providers, 1)  # provider entries held in all
     # keys, ids or records accepted in one request (sent: at most 16, or this if fewer)
     max_request_items: int = _bounded(_DHT.max_request_items, 1, 256)
+    # seconds between looks at our relay reservations; a change is published in the DHT
+    relays_check: float = field(default=30.0, metadata={"above": 0})
 
     def dht_config(self) -> DhtConfig:
         """The library's config: these keys, its defaults for the rest."""

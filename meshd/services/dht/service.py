@@ -32,6 +32,7 @@ from ...rpc import (Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhaus
 from ...service import Host
 from .config import DhtSection
 from .control import control_methods
+from .relays import RelayRecords, Relays
 
 log = logging.getLogger("meshd.dht")
 
@@ -90,7 +91,8 @@ class Dht:
     name = "dht"
 
     def __init__(self, host: Host, config: DhtSection, *, backoff_cap: float,
-                 reachability: Reachability | None = None, wait_for_verdict: bool = False):
+                 reachability: Reachability | None = None, wait_for_verdict: bool = False,
+                 relays: Relays | None = None):
         self._host = host
         self.config = config
         self._backoff_cap = backoff_cap
@@ -103,6 +105,8 @@ class Dht:
         self.node = DhtNode(RpcNetwork(host, lib_config.request_timeout), host.peer_id.key, host.identity.sign,
                             addrs=host.advertised_addresses, db=self.db, config=lib_config,
                             server_mode=self._wants_server(), on_lookup=self._lookup_done)
+        self._relay_records = None if relays is None else \
+            RelayRecords(host, self.node, relays, check=config.relays_check)
         host.add_lookup(self._addresses_of)
 
     def rpc_methods(self) -> dict:
@@ -138,16 +142,24 @@ class Dht:
             if self.config.mode == "auto" and self._reachability is not None:
                 nursery.start_soon(self._follow_reachability)
             nursery.start_soon(self._join)
+            if self._relay_records is not None:
+                nursery.start_soon(self._relay_records.keep_published)
             task_status.started()
 
     async def _addresses_of(self, peer: PeerId) -> tuple[str, ...]:
-        """The addresses the DHT has for ``peer`` (asks the network)."""
+        """The addresses the DHT has for ``peer`` (asks the network); if it has none,
+        a connection through a relay the peer published (see relays.py) may be
+        opened instead."""
         try:
             contact = await self.node.find_peer(peer.key)
         except DhtError as exc:
             log.debug("DHT lookup of %s failed: %s", peer, exc)
-            return ()
-        return contact.addrs if contact is not None else ()
+            contact = None
+        if contact is not None and contact.addrs:
+            return contact.addrs
+        if self._relay_records is not None:
+            await self._relay_records.reach(peer)
+        return ()
 
     def _wants_server(self) -> bool:
         """The configured role; "auto" is a server unless AutoNAT found that

@@ -17,7 +17,7 @@ import trio
 from nat.autonat import FILTERING
 from nat.relay import renew_after
 
-from ...address import HostPort, plain_address
+from ...address import HostPort, PeerAddr, plain_address
 from ...identity import PeerId, PeerIdError
 from ...peerstore import PeerRecord
 from ...rpc import RpcError
@@ -129,6 +129,17 @@ class Nat:
         if self.config.hole_punching:
             self._host.spawn(self.puncher.punch, peer)
         return conn
+
+    def relay_addresses(self) -> list[str]:
+        """``PEERID@HOST:PORT`` of each relay holding our reservation now, at the
+        address our direct connection to it uses: what the DHT publishes, so that
+        peers that never met us, and dial through other relays, find ours."""
+        found = []
+        for relay in self.relay.reserved_at.live(trio.current_time()):
+            conn = self._host.live(relay)
+            if conn is not None and conn.remote_addr[0] != VIRTUAL_HOST:
+                found.append(str(PeerAddr(relay, HostPort(*plain_address(conn.remote_addr)))))
+        return found
 
     def _relays(self, record: PeerRecord | None) -> list[PeerId]:
         advertised = []

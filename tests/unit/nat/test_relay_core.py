@@ -167,6 +167,7 @@ def test_held_reservations_report_seconds_left_and_hide_expired_ones():
     held.held("r2", 10.0, now=0.0)
     assert held.status(4.6) == {"r1": 95, "r2": 5}
     assert held.status(10.0) == {"r1": 90}
+    assert held.live(9.9) == ["r1", "r2"] and held.live(10.0) == ["r1"]
     assert held.holds("r2")  # still known: its relay may deliver a circuit it admitted
     assert not held.holds("r3")
     assert set(held) == {"r1", "r2"}
