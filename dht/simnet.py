@@ -24,12 +24,14 @@ from .node import DhtConfig, DhtNode
 
 
 class SimNetwork:
-    """Nodes addressed by public key; ``dead`` ones do not answer."""
+    """Nodes addressed by public key; ``dead`` ones do not answer, ``slow`` ones answer
+    that many seconds late."""
 
     def __init__(self, latency: float = 0.0):
         self.latency = latency
         self.nodes: dict[bytes, DhtNode] = {}
         self.dead: set[bytes] = set()
+        self.slow: dict[bytes, float] = {}
         self.messages = 0
         self.calls: Counter[bytes] = Counter()  # messages sent to each node, dead or alive
         self.methods: Counter[str] = Counter()  # messages sent, by method
@@ -67,8 +69,8 @@ class SimNetwork:
         target = self.nodes.get(contact.public_key)
         if target is None or contact.public_key in self.dead or sender in self.dead:
             await trio.sleep_forever()
-        if self.latency:
-            await trio.sleep(self.latency)
+        if self.latency or contact.public_key in self.slow:
+            await trio.sleep(self.latency + self.slow.get(contact.public_key, 0.0))
         reply = await target.handle(sender, method, request)
         if self.latency:
             await trio.sleep(self.latency)
