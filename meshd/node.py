@@ -309,7 +309,7 @@ class Node:
                 return conn
         if find:
             for lookup in self._lookups:
-                addrs = await lookup(peer)  # the lookup itself may connect us to the peer
+                addrs = await lookup(peer, errors)  # the lookup itself may connect us to the peer
                 conn = self.live(peer) or await self._dial_any(peer, addrs, errors)
                 if conn is not None:
                     return conn

@@ -71,8 +71,10 @@ class Service(Protocol):
         """Release files and databases; called once :meth:`run` has ended."""
 
 
-Lookup = Callable[[PeerId], Awaitable[Sequence[str]]]
-"""Where a peer may be dialed: HOST:PORT texts found by asking the network."""
+Lookup = Callable[[PeerId, dict[str, str]], Awaitable[Sequence[str]]]
+"""Where a peer may be dialed: HOST:PORT texts found by asking the network (a lookup
+may also connect to the peer itself); what it tried and failed goes in the dict
+(what was tried -> why it failed)."""
 
 
 MAX_NAME = 128  # characters in a name users give (a training group, an expert)

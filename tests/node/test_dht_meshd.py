@@ -20,6 +20,7 @@ from dht.network import ADD_PROVIDER, GET_PROVIDERS, PING, PUT_VALUE
 from dht.records import MAX_VALUE, owned_key, sign_record
 from meshd import Config, ConfigError
 from meshd.services.dht.relays import decode_relays, relays_key
+from meshd.wire import pack
 
 KEY = b"/open/greeting"
 
@@ -188,6 +189,19 @@ async def test_a_natted_peer_nobody_met_is_reached_through_the_relays_it_publish
             assert [str(a) for a in decode_relays(record.value)] == [f"{r.peer_id}@{r.listen_address}"]
             assert await x.rpc.call(n.peer_id, "ping", "through R", timeout=15) == "through R"
         assert r.service("nat").relay.figures()["relay_circuits_opened_total"] == 1
+
+
+async def test_a_dial_through_a_published_relay_that_refuses_says_so(tmp_path):
+    async with AsyncExitStack() as stack:
+        [b] = await open_nodes(stack, tmp_path, "b")  # relaying is off here
+        [m, x] = await open_nodes(stack, tmp_path, "mx", bootstrap=[str(b.address)], config=config(mode="client"))
+        with trio.fail_after(20):
+            for node in (m, x):
+                await node.service("dht").node.joined.wait()
+            # M names B as its relay (as after B stopped relaying)
+            assert await m.service("dht").node.put(relays_key(m.peer_id), pack([str(b.address)])) >= 1
+            with pytest.raises(meshd.RpcError, match=f"via {b.peer_id.short()} \\(its DHT record\\): "):
+                await x.rpc.call(m.peer_id, "ping", "through B", timeout=15)
 
 
 async def test_wildcard_listener_advertises_where_direct_peers_see_it(tmp_path):

@@ -96,10 +96,11 @@ class RelayRecords:
                         published, due = relays, now + RECORD_TTL / 2
             await trio.sleep(self._check)
 
-    async def reach(self, peer: PeerId) -> PeerConnection | None:
+    async def reach(self, peer: PeerId, errors: dict[str, str]) -> PeerConnection | None:
         """A connection to ``peer`` through a relay its record names, or None: each
         relay is dialed at the address the record gives (a relay must answer with
-        its PeerId there), then asked for a circuit, until one works."""
+        its PeerId there), then asked for a circuit, until one works.  Each failure
+        goes in ``errors``."""
         try:
             record = await self._node.get(relays_key(peer))
         except DhtError as exc:
@@ -112,5 +113,6 @@ class RelayRecords:
                 await self._host.connection(relay.peer_id, hints=[str(relay.hostport)], find=False)
                 return await self._relays.via(relay.peer_id, peer)
             except RpcError as exc:
-                log.debug("%s through %s: %s", peer.short(), relay.peer_id.short(), exc)
+                label = f"via {relay.peer_id.short()} (its DHT record)"
+                errors[label] = f"{label}: {exc.message}"
         return None

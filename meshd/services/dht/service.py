@@ -146,7 +146,7 @@ class Dht:
                 nursery.start_soon(self._relay_records.keep_published)
             task_status.started()
 
-    async def _addresses_of(self, peer: PeerId) -> tuple[str, ...]:
+    async def _addresses_of(self, peer: PeerId, errors: dict[str, str]) -> tuple[str, ...]:
         """The addresses the DHT has for ``peer`` (asks the network); if it has none,
         a connection through a relay the peer published (see relays.py) may be
         opened instead."""
@@ -158,7 +158,7 @@ class Dht:
         if contact is not None and contact.addrs:
             return contact.addrs
         if self._relay_records is not None:
-            await self._relay_records.reach(peer)
+            await self._relay_records.reach(peer, errors)
         return ()
 
     def _wants_server(self) -> bool:
