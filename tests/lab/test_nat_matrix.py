@@ -11,6 +11,7 @@ both ways for every pair.
 
 import pytest
 
+from meshd.identity import PeerId
 from meshd.testing.localmesh import wait_until
 from natlab import natlab  # noqa: F401 (the fixture)
 
@@ -99,3 +100,20 @@ def test_nat_facts_on_a_public_host(natlab, tmp_path):  # noqa: F811
     assert facts["mapping"] == "no NAT" and facts["hairpinning"] is None
     assert facts["reachability"] == "public"
     assert facts["filtering"].startswith("endpoint-independent")
+
+
+def test_a_natted_peer_is_reached_from_another_bootstrap_through_the_relays_it_published(natlab, tmp_path):  # noqa: F811
+    """N, behind a home NAT, holds a reservation at its bootstrap relay R; X, behind
+    another, bootstraps from B, which does not relay: X has neither N's address nor its
+    relay, and reaches N by PeerId through the relays record N published in the DHT."""
+    lab = natlab
+    relay = lab.public_host("relay").daemon(tmp_path / "relay", config={"relay": {"enabled": True}})
+    b = lab.public_host("b").daemon(tmp_path / "b", bootstrap=[relay.dial_address])
+    client = {"dht": {"mode": "client", "relays_check": 0.5}}  # in no routing table, as behind a NAT
+    n = lab.nat_host("n", "home").daemon(tmp_path / "n", bootstrap=[relay.dial_address], config=client)
+    x = lab.nat_host("x", "home").daemon(tmp_path / "x", bootstrap=[b.dial_address], config=client)
+    wait_until(lambda: relay.peer_id in n.meshctl("relay")["reserved_at"], 20, "N's reservation at R")
+    key = "/owned/" + PeerId.from_string(n.peer_id).key.hex() + "/relays"
+    wait_until(lambda: x.meshctl_raw("dht", "get", key).returncode == 0, 30, "N's relays record, seen from X")
+    assert x.meshctl("call", n.peer_id, "ping", '"x->n"', timeout=60) == "x->n"
+    assert path_to(x, n.peer_id) in {"relayed", "punched"}  # through R (a punch may follow)
