@@ -271,9 +271,9 @@ class PeerConnection:
 
         True for a connection past its handshake with at most one call open:
         its handler's reply, or its caller's next request, is flushed at once
-        as it is written (:meth:`send_data`) and carries the ACK, where a flush
-        now would, with ACKs riding on data, mostly find nothing to send and
-        cost aioquic ~55 µs.  With more calls open the flush loop batches the
+        as it is written (:meth:`send_data`) and carries the ACK if one is due
+        (see ``MeshQuicConnection``), where a flush now would mostly find
+        nothing to send and cost aioquic ~55 µs.  With more calls open the flush loop batches the
         writes, and holding their ACKs cut calls per second by a third
         (docs/performance.md).
         """
