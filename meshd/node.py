@@ -38,6 +38,7 @@ from .peerstore import PeerStore
 from .rpc import InvalidArgument, RpcError, Unavailable
 from .rpc.args import field, peer_field
 from .rpc.peer import PeerRpc
+from .rpc.workers import Workers
 from .service import Lookup, Method, Route, Service
 from .transport import DialError, Endpoint, PeerConnection
 from .transport.endpoint import VIRTUAL_HOST, is_loopback
@@ -253,7 +254,7 @@ class Node:
         remote = _direct_address(conn)
         counted = remote is not None and (self.config.transport.limit_loopback or not is_loopback(remote[0]))
         info = {"remote": remote, "path": conn.path, "address": remote[0] if counted else None}
-        self._nursery.start_soon(self.rpc.server.serve_call, stream, conn.peer_id, info)
+        self._call_workers.submit(stream, conn.peer_id, info)
 
     async def _learn_about(self, conn: PeerConnection) -> None:
         """Ask a new peer who it is and where it listens; store what it says."""
@@ -507,6 +508,7 @@ class Node:
         they were added, and keep the bootstrap peers connected, until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._call_workers = Workers(nursery, self.rpc.server.serve_call)
             host_port = HostPort.parse(self.config.node.listen, allow_zero_port=True)
             await nursery.start(self.endpoint.serve, host_port.host, host_port.port)
             server = control_server(self._control_methods(), self._explain_unknown)
