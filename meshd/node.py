@@ -88,6 +88,7 @@ class Node:
         self._recent_addresses: dict[tuple[str, int], float] = {}  # closed connections, when
         self._observed: dict[str, None] = {}  # our HOST:PORT as direct peers saw it, newest last
         self._nursery: trio.Nursery | None = None
+        self._call_workers: Workers | None = None  # the tasks that serve calls, while running
         self._lookups: list[Lookup] = []
         self._routes: list[Route] = []
         self._address_sources: list[Callable[[], Iterable[HostPort]]] = []
