@@ -81,7 +81,7 @@ class TransportConfig:
     # (a mesh of daemons on one host, tests, benchmarks) share 127.0.0.1
     max_per_address: int = field(default=32, metadata={"min": 1, "max": 1 << 20})
     limit_loopback: bool = False
-    ack_with_data: bool = True  # ACKs ride on data or go every 2nd packet (False: each at once, alone)
+    ack_with_data: bool = True  # ACKs ride on data, or go after 2 full-size packets or a delay (False: each at once, alone)
     retry_above: int = 16  # handshakes in progress beyond which a new dialer must first prove its address (Retry)
     close_idle_after: float = 120.0  # close a connection without streams this long (0: never)
     # streams a peer may have open at once on one connection (QUIC MAX_STREAMS; raised as they end).

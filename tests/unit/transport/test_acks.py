@@ -1,15 +1,20 @@
-"""When MeshQuicConnection acknowledges: after every second packet received, with
-the data it sends next if no ACK left within the ACK delay, or alone once the delay
-has passed (in-memory link)."""
+"""When MeshQuicConnection acknowledges: at once after two full-size packets' worth
+of bytes or a PING, with the data it sends next if no ACK left within ACK_RIDE_GAP,
+or alone once ACK_DELAY has passed (in-memory link)."""
 
+from functools import partial
+
+from aioquic.quic import events as ev
 from aioquic.tls import Epoch
 
-from meshd.transport.quic import ACK_DELAY
+from meshd.transport.quic import ACK_DELAY, ACK_RIDE_GAP, MeshQuicConnection
 from test_pmtu_quic import CLIENT, SERVER, Link
 
 
-def quiet_link() -> Link:
-    link = Link(mtu=1472, max_size=1472, server_probes=False)
+def quiet_link(**server) -> Link:
+    """A link past its handshake and path-MTU search; ``server``: MeshQuicConnection's arguments."""
+    link = Link(mtu=1472, max_size=1472, server_probes=False,
+                server_class=partial(MeshQuicConnection, **server))
     link.settle()
     for _ in range(20):  # the handshake's and the search's last ACKs
         link.step(ACK_DELAY)
@@ -39,15 +44,16 @@ def calls(link: Link, count: int) -> dict[str, int]:
     return acks
 
 
-def test_calls_in_a_row_go_one_datagram_each_way_every_second_one_carrying_an_ack():
+def test_calls_in_a_row_go_one_datagram_each_way_an_ack_riding_on_one_every_ride_gap():
     link = quiet_link()
     sent = {name: len(datagrams) for name, datagrams in link.sent.items()}
-    acks = calls(link, 40)  # a call every 0.2 ms: no ACK waits for its delay, none goes alone
-    assert {name: len(link.sent[name]) - sent[name] for name in sent} == {"client": 40, "server": 40}
-    assert 19 <= acks["client"] <= 21 and 19 <= acks["server"] <= 21
+    acks = calls(link, 60)  # a call every 0.2 ms: 12 ms, under ACK_DELAY, so none goes alone
+    assert {name: len(link.sent[name]) - sent[name] for name in sent} == {"client": 60, "server": 60}
+    rides = round(60 * 0.0002 / ACK_RIDE_GAP)  # every second packet, as before, would be 30
+    assert rides - 1 <= acks["client"] <= rides + 1 and rides - 1 <= acks["server"] <= rides + 1
     assert link.client._spaces[Epoch.ONE_RTT].ack_at is not None  # the last reply's ACK waits for the next call...
     link.step(ACK_DELAY)
-    assert len(link.sent["client"]) - sent["client"] == 41  # ...or its delay, then goes alone
+    assert len(link.sent["client"]) - sent["client"] == 61  # ...or its delay, then goes alone
 
 
 def test_a_lone_call_s_reply_carries_the_ack_of_its_request():
@@ -85,3 +91,29 @@ def test_with_acks_at_once_the_server_acknowledges_each_request_before_its_reply
     # the server: an ACK alone, then the reply (the client's ACK of a reply leaves with the
     # next request here, as this link lets each side send once per step)
     assert len(link.sent["server"]) - sent["server"] == 20
+
+
+def test_a_ping_is_acknowledged_at_once():
+    link = quiet_link()
+    sent = len(link.sent["server"])
+    link.client.send_ping(1)
+    link.step(0.0001)  # the PING arrives, and its ACK leaves in the same step, alone
+    assert len(link.sent["server"]) - sent == 1
+    assert link.server._spaces[Epoch.ONE_RTT].ack_at is None
+
+
+def test_a_side_waiting_for_streams_acknowledges_at_once_so_the_peer_frees_them():
+    link = quiet_link(max_streams=2)  # the client may have 2 streams open at once
+    streams = []
+    for _ in range(3):  # the third waits for the server to allow it
+        streams.append(link.client.get_next_available_stream_id())
+        link.client.send_stream_data(streams[-1], b"q" * 128, end_stream=True)
+    link.step(0.0001)
+    asked = [e.stream_id for e in link.events["server"] if isinstance(e, ev.StreamDataReceived)]
+    assert asked == streams[:2]
+    for stream in asked:
+        link.server.send_stream_data(stream, b"r" * 128, end_stream=True)
+    for _ in range(3):  # the replies, the client's ACK of them, the server's MAX_STREAMS
+        link.step(0.0001)  # 0.3 ms: far less than the ACK_RIDE_GAP a pending ACK waits for
+    asked = [e.stream_id for e in link.events["server"] if isinstance(e, ev.StreamDataReceived)]
+    assert asked == streams
