@@ -528,6 +528,8 @@ class DhtNode:
                 count += 1
                 if count >= self.config.get_quorum:
                     lookup.stop()
+                else:  # no more queries at once than records still needed: those asked may have them
+                    lookup.alpha = min(lookup.alpha, self.config.get_quorum - count)
             return nodes
 
         # Enough queries in the first round to reach the quorum in one round trip; and

@@ -130,6 +130,19 @@ async def test_with_a_get_quorum_of_one_a_record_held_here_is_the_answer_without
         assert net.methods[GET_VALUE] > asked
 
 
+async def test_a_get_whose_replicas_all_hold_the_record_asks_only_as_many_as_it_still_needs(autojump_clock):
+    async with small_mesh(8) as (net, nodes):
+        await nodes[0].put(b"/open/everywhere", b"v")
+        await net.settle()  # all 12 hold it, the reader too
+        for i, node in enumerate(nodes):  # answers arrive one by one, 1 ms apart
+            net.slow[node.public_key] = 0.001 * i
+        asked = net.methods[GET_VALUE]
+        assert (await nodes[1].get(b"/open/everywhere")).value == b"v"
+        # its own record and get_quorum - 1 answers: no query beyond them (4 before: a
+        # first answer freed a slot and the next contact was asked at once)
+        assert net.methods[GET_VALUE] - asked == DhtConfig().get_quorum - 1
+
+
 async def test_a_get_whose_replicas_agree_sends_the_record_only_to_asked_nodes_without_it(small):
     net, nodes = small
     async with trio.open_nursery() as nursery:
