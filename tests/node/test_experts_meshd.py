@@ -192,6 +192,24 @@ async def test_a_timeout_reaches_every_caller_whether_its_call_was_sent_or_waite
         assert all("no answer within 0.5 s" in o for (k, _), o in outcomes.items() if k < COALESCE_DEPTH)
 
 
+async def test_a_caller_out_of_time_hears_so_when_its_request_failed_in_the_same_moment(tmp_path, monkeypatch):
+    """The request's own deadline is as long as the caller's and starts a moment later: in a
+    process woken late both have passed, and trio runs the two woken tasks in either order
+    (found in a full suite: a caller heard the request's error, not its timeout)."""
+    async with AsyncExitStack() as stack:
+        _, _, expert = await _coalescing(stack, tmp_path, max_batch=64)
+        expert.timeout = 0.05
+
+        async def failing_at_its_deadline(inputs, op):
+            await trio.sleep(expert.timeout)
+            raise mx.ExpertUnavailable("the request's own deadline")
+
+        monkeypatch.setattr(expert, "_ask", failing_at_its_deadline)
+        for _ in range(20):
+            with pytest.raises(mx.ExpertUnavailable, match="no answer within 0.05 s"):
+                await expert.call(torch.randn(1, 4))
+
+
 async def test_a_caller_that_leaves_a_coalesced_request_costs_the_others_nothing(tmp_path):
     async with AsyncExitStack() as stack:
         module, served, expert = await _coalescing(stack, tmp_path, max_batch=3)

@@ -156,13 +156,15 @@ class RemoteExpert:
         self._waiting[key] = call
         self._send_soon()
         try:
-            with trio.move_on_after(self.timeout):
+            with trio.move_on_after(self.timeout) as waited:
                 await call.done.wait()
         finally:
             if not call.done.is_set() and self._leave(key, call):
                 with trio.CancelScope(shield=True):  # as a nursery would, let the request end first
                     await call.done.wait()  # (its server's failure counted), at its next checkpoint
-        if call.left:
+        # Out of time with no answer, the caller hears so, even when the request's own deadline
+        # (as long, started a moment later) ended it first in the same wake-up of a loaded process.
+        if call.left or (waited.cancelled_caught and call.answer is None):
             raise ExpertUnavailable(f"expert {self.expert_id!r}: no answer within {self.timeout} s")
         if call.error is not None:
             raise call.error
