@@ -92,7 +92,7 @@ def _largest_big_acked(ack_rangeset, sent_packets: dict, base: int) -> tuple[int
     return None
 
 
-ACK_DELAY = 0.020  # seconds an ACK may wait for data to ride on before it goes alone (under the 25 ms we announce)
+ACK_DELAY = 0.001  # seconds an ACK waits for data to ride on, from when it may ride, then goes alone
 ACK_RIDE_GAP = 0.002  # a pending ACK rides on the stream data we send this long or more after our last ACK
 MAX_STREAMS = 128  # streams a peer may have open at once on a connection (aioquic's own limit)
 
@@ -106,9 +106,10 @@ class MeshQuicConnection(QuicConnection):
       PeerConnection raises the limits in ``consumed``; aioquic's own
       doubling rule is neutralised here by hiding the amounts it looks at.
     * ACKs ride on data: one is sent at once after two full-size packets'
-      worth of bytes received or a PING, with the next stream data we send
-      if no ACK left within ``ACK_RIDE_GAP``, else alone after
-      ``ACK_DELAY`` (see ``receive_datagram``).
+      worth of bytes received, a PING, or while a stream of ours waits for
+      stream credit; with the next stream data we send if no ACK left within
+      ``ACK_RIDE_GAP``; else alone ``ACK_DELAY`` after it could have ridden
+      (see ``receive_datagram``).
     * Path MTU discovery (``enable_pmtud``, ``pmtu_probe``): aioquic has no
       probe of its own, so a probe is a 1-RTT packet of PING and PADDING built
       here at the probed size and registered with aioquic's loss recovery
@@ -270,10 +271,11 @@ class MeshQuicConnection(QuicConnection):
     # bytes (a bulk sender hears as often as TCP's does) or a PING (a path-MTU or
     # loss probe asks for one); with the next stream data sent if no ACK left
     # within ACK_RIDE_GAP (a lone call's reply carries its request's ACK); else
-    # alone after ACK_DELAY.  Calls in a row go one packet each way, an ACK riding
-    # on one every 2 ms: each ACK costs both ends about 6 µs of aioquic's Python,
-    # and the ACK of every second packet (RFC 9000's suggestion, meant for bulk
-    # senders' congestion control) cost sequential calls 10-20 µs each.
+    # alone ACK_DELAY after it could have ridden (so 1-3 ms after the packet).
+    # Calls in a row go one packet each way, an ACK riding on one every 2 ms:
+    # each ACK costs both ends about 6 µs of aioquic's Python, and the ACK of
+    # every second packet (RFC 9000's suggestion, meant for bulk senders'
+    # congestion control) cost sequential calls 10-20 µs each.
 
     @property
     def handshake_confirmed(self) -> bool:
@@ -314,6 +316,8 @@ class MeshQuicConnection(QuicConnection):
             self._spaces[context.epoch].ack_at = context.time
 
     def receive_datagram(self, data: bytes, addr, now: float) -> None:
+        space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
+        waiting = space is not None and space.ack_at is not None
         super().receive_datagram(data, addr, now)
         self._clock = now
         space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
@@ -321,6 +325,9 @@ class MeshQuicConnection(QuicConnection):
             self._unacked += len(data)
             if self._unacked >= 2 * self._max_datagram_size or self._stream_blocked():
                 space.ack_at = now
+            elif not waiting and space.ack_at > now:  # the first to acknowledge since our last ACK:
+                # it waits ACK_DELAY from when it may ride, so a run of calls carries it, not a timer
+                space.ack_at = max(space.ack_at, self._ack_sent_at + ACK_RIDE_GAP + self._ack_delay)
 
     def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
         super().send_stream_data(stream_id, data, end_stream)

@@ -1,6 +1,7 @@
 """When MeshQuicConnection acknowledges: at once after two full-size packets' worth
-of bytes or a PING, with the data it sends next if no ACK left within ACK_RIDE_GAP,
-or alone once ACK_DELAY has passed (in-memory link)."""
+of bytes, a PING, or while a stream of ours waits for stream credit; with the data it
+sends next if no ACK left within ACK_RIDE_GAP; or alone ACK_DELAY after it could have
+ridden (in-memory link)."""
 
 from functools import partial
 
@@ -47,12 +48,12 @@ def calls(link: Link, count: int) -> dict[str, int]:
 def test_calls_in_a_row_go_one_datagram_each_way_an_ack_riding_on_one_every_ride_gap():
     link = quiet_link()
     sent = {name: len(datagrams) for name, datagrams in link.sent.items()}
-    acks = calls(link, 60)  # a call every 0.2 ms: 12 ms, under ACK_DELAY, so none goes alone
+    acks = calls(link, 60)  # a call every 0.2 ms: each ACK rides before its timer, none goes alone
     assert {name: len(link.sent[name]) - sent[name] for name in sent} == {"client": 60, "server": 60}
     rides = round(60 * 0.0002 / ACK_RIDE_GAP)  # every second packet, as before, would be 30
     assert rides - 1 <= acks["client"] <= rides + 1 and rides - 1 <= acks["server"] <= rides + 1
     assert link.client._spaces[Epoch.ONE_RTT].ack_at is not None  # the last reply's ACK waits for the next call...
-    link.step(ACK_DELAY)
+    link.step(ACK_RIDE_GAP + ACK_DELAY)
     assert len(link.sent["client"]) - sent["client"] == 61  # ...or its delay, then goes alone
 
 
@@ -61,6 +62,17 @@ def test_a_lone_call_s_reply_carries_the_ack_of_its_request():
     sent = len(link.sent["server"])
     assert calls(link, 1) == {"client": 0, "server": 1}
     assert len(link.sent["server"]) - sent == 1
+
+
+def test_a_lone_call_s_reply_is_acknowledged_alone_after_the_ack_delay():
+    link = quiet_link()
+    calls(link, 1)
+    sent = len(link.sent["client"])
+    link.step(ACK_DELAY / 2)
+    assert len(link.sent["client"]) == sent  # still waiting for a next call to ride on
+    link.step(ACK_DELAY)  # our last ACK was long ago: it may ride at once, so its delay counts from now
+    assert len(link.sent["client"]) - sent == 1
+    assert 1.5 * ACK_DELAY < ACK_RIDE_GAP  # while both ends are still warm, not a 20 ms timer later
 
 
 def test_a_bulk_receiver_acknowledges_every_second_packet_at_once():
