@@ -235,12 +235,15 @@ class DhtNode:
     async def _lookup(self, target: bytes, method: str, msg: dict,
                       on_reply: Callable[[Lookup, Contact, dict], list[Contact]], *,
                       alpha: int | None = None,
-                      wait_overdue: Callable[[], bool] | None = None) -> Lookup:
+                      not_found: Callable[[], bool] | None = None) -> Lookup:
         """Run one iterative lookup with ``alpha`` queries in flight (default: the
         config's).  ``on_reply`` checks a peer's answer (raising Refused if it is
-        unusable) and returns the contacts it names.  While ``wait_overdue()`` is
-        true, a finished lookup still waits for its overdue queries (until each
-        answers or fails, or the lookup's time is up): they may be slow, not dead."""
+        unusable) and returns the contacts it names.  While ``not_found()`` is true,
+        a finished lookup goes on: it asks the rest of the k nearest (the Kademlia
+        paper's stop rule, not go-libp2p's beta nearest: a writer with a partial
+        table stored at the nearest it knew), and waits for its overdue queries
+        (until each answers or fails, or the lookup's time is up): they may be
+        slow, not dead."""
         cfg = self.config
         seeds = [c for c in self.table.closest(target, cfg.k + len(self._failed)) if self._usable(c)]
         lookup = Lookup(target, seeds[:cfg.k], k=cfg.k, alpha=alpha or cfg.alpha,
@@ -279,8 +282,14 @@ class DhtNode:
                 while True:
                     for contact in lookup.next_queries():
                         nursery.start_soon(query, contact)
-                    if lookup.finished and not (wait_overdue and wait_overdue() and lookup.overdue()):
-                        break
+                    if lookup.finished:
+                        if not (not_found and not_found()):
+                            break
+                        if lookup.beta < lookup.k:
+                            lookup.beta = lookup.k
+                            continue
+                        if not lookup.overdue():
+                            break
                     await receive.receive()
                 nursery.cancel_scope.cancel()
         for contact in lookup.overdue():  # still silent when the lookup ended: ask others for a while
@@ -533,10 +542,10 @@ class DhtNode:
             return nodes
 
         # Enough queries in the first round to reach the quorum in one round trip; and
-        # no "none" while a replica that is only slow may still answer.
+        # no "none" while one of the k nearest was not asked, or is only slow to answer.
         lookup = await self._lookup(key_id(key), GET_VALUE, {"keys": [key]}, on_reply,
                                     alpha=max(self.config.alpha, self.config.get_quorum - count),
-                                    wait_overdue=lambda: not count)
+                                    not_found=lambda: not count)
         candidates = ([local] if local else []) + [r for _, r in found]  # ours first: ties go to it
         best = self.validators.best(candidates) if candidates else None
         return best, found, lookup

@@ -330,6 +330,22 @@ async def test_find_peer_reports_the_addresses_a_moved_peer_announced(small):
     assert found.addrs == ("sim:new-address", "sim:12")  # the old address last
 
 
+async def test_a_get_that_found_nothing_among_the_nearest_asks_the_rest_of_the_k_nearest(autojump_clock):
+    """A writer that does not know a key's nearest nodes stores at the nearest it knows
+    (a small mesh with partial tables); a reader's lookup ends once the beta nearest
+    answered, so it found nothing while others held the record (1 get in 150 in a run
+    of benchmarks/dht.py)."""
+    async with small_mesh(9) as (net, nodes):
+        key = b"/open/beyond-the-nearest"
+        reader = nodes[0]
+        ranked = true_closest(nodes, key_id(key), 12)
+        holder = net.nodes[next(pk for pk in reversed(ranked) if pk != reader.public_key)]
+        record = await _signed(holder, key, b"v", seq=1)
+        holder.records.put(record, holder.wall())  # only the farthest of the 12 holds it
+        assert (await reader.get(key)).value == b"v"
+        assert (await reader.get(b"/open/held-nowhere")) is None  # and a miss still ends
+
+
 async def test_a_get_that_found_nothing_waits_for_its_overdue_queries(autojump_clock):
     """Replicas that answer late (a loaded machine) are overdue, and the lookup goes on
     without them; but a get that found no record yet waits for them before saying
