@@ -138,8 +138,8 @@ async def test_a_get_whose_replicas_all_hold_the_record_asks_only_as_many_as_it_
             net.slow[node.public_key] = 0.001 * i
         asked = net.methods[GET_VALUE]
         assert (await nodes[1].get(b"/open/everywhere")).value == b"v"
-        # its own record and get_quorum - 1 answers: no query beyond them (4 before: a
-        # first answer freed a slot and the next contact was asked at once)
+        # its own record and get_quorum - 1 answers: no query beyond them (5 before: each
+        # answer freed a slot and the next contact was asked at once)
         assert net.methods[GET_VALUE] - asked == DhtConfig().get_quorum - 1
 
 
