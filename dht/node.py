@@ -283,12 +283,11 @@ class DhtNode:
                     for contact in lookup.next_queries():
                         nursery.start_soon(query, contact)
                     if lookup.finished:
-                        if not (not_found and not_found()):
-                            break
-                        if lookup.beta < lookup.k:
+                        missing = not_found is not None and not_found()
+                        if missing and lookup.beta < lookup.k:  # none among the beta nearest: ask all k
                             lookup.beta = lookup.k
                             continue
-                        if not lookup.overdue():
+                        if not (missing and lookup.overdue()):
                             break
                     await receive.receive()
                 nursery.cancel_scope.cancel()

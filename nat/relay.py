@@ -215,7 +215,7 @@ class HeldReservations:
 
     def status(self, now: float) -> dict:
         """``{str(relay): whole seconds left}`` for the reservations still live at ``now``."""
-        return {str(r): round(t - now) for r, t in self._expires.items() if t > now}
+        return {str(r): round(self._expires[r] - now) for r in self.live(now)}
 
     def __iter__(self) -> Iterator[Hashable]:
         return iter(list(self._expires))

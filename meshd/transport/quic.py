@@ -125,7 +125,7 @@ class MeshQuicConnection(QuicConnection):
         self._local_max_streams_bidi = Limit(QuicFrameType.MAX_STREAMS_BIDI, "max_streams_bidi", max_streams)
         self._local_max_streams_uni = Limit(QuicFrameType.MAX_STREAMS_UNI, "max_streams_uni", max_streams)
         self._ack_delay = ACK_DELAY
-        self._unacked = 0  # bytes received since our last ACK
+        self._unacked = 0  # bytes received since our last ACK; above 0 exactly while a 1-RTT ACK is pending
         self._ack_with_data = True
         self._ack_sent_at = -math.inf  # when our last 1-RTT ACK left
         self._clock = 0.0  # the latest time aioquic was told of
@@ -316,8 +316,7 @@ class MeshQuicConnection(QuicConnection):
             self._spaces[context.epoch].ack_at = context.time
 
     def receive_datagram(self, data: bytes, addr, now: float) -> None:
-        space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
-        waiting = space is not None and space.ack_at is not None
+        waiting = self._unacked > 0
         super().receive_datagram(data, addr, now)
         self._clock = now
         space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
@@ -337,10 +336,10 @@ class MeshQuicConnection(QuicConnection):
             space.ack_at = 0.0  # due now: it goes in the packet carrying this data
 
     def datagrams_to_send(self, now: float) -> list:
-        space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
-        pending = space is not None and space.ack_at is not None
+        pending = self._unacked > 0
         datagrams = super().datagrams_to_send(now)
         self._clock = now
+        space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
         if space is None or space.ack_at is None:
             self._unacked = 0
             if pending:

@@ -55,7 +55,7 @@ class Nat:
         self.lan = LanDiscovery(host, config.lan_interval)
         host.add_route(self)
         host.add_address_source(self._addresses)
-        host.add_identify(lambda: {"relays": [str(r) for r in self.relay.status()["reserved_at"]]})
+        host.add_identify(lambda: {"relays": [str(r) for r in self.relay.reserved_at.live(trio.current_time())]})
         host.protect(lambda: [*self.relay.reserved_at, *self.relay.reservations])
 
     # --- the Service shape ---------------------------------------------------------
@@ -84,7 +84,7 @@ class Nat:
 
     def status(self) -> dict:
         return {"reachability": self.autonat.status,
-                "relay_reservations": len(self.relay.status()["reserved_at"]),
+                "relay_reservations": len(self.relay.reserved_at.live(trio.current_time())),
                 "serving_reservations": len(self.relay.reservations)}
 
     def figures(self) -> dict:
