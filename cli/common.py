@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sys
 from pathlib import Path
@@ -34,6 +35,11 @@ def data_dir_argument(parser: argparse.ArgumentParser, *, suppress: bool = False
 
 def default_data_dir() -> Path:
     return Path(os.environ.get("MESHD_DATA_DIR", DEFAULT_DATA_DIR)).expanduser()
+
+
+def to_json(value: object) -> str:
+    """``value`` as one line of JSON, bytes as hex: what ``--json`` prints."""
+    return json.dumps(value, default=lambda v: v.hex() if isinstance(v, bytes) else repr(v))
 
 
 def fail(prog: str, message: str, code: int = 1) -> NoReturn:

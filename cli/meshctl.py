@@ -14,14 +14,13 @@ prints.  ``tests/unit/meshd/test_lazy_imports.py`` keeps it so.
 from __future__ import annotations
 
 import argparse
-import json
 
 import meshd
 from meshd.client.blocking import BlockingClient, run
 from meshd.control.socket import socket_path
 
 from .commands import crdt, dht, doctor, experts, learning, nat, node, shards, top
-from .common import data_dir_argument, fail
+from .common import data_dir_argument, fail, to_json
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,7 +46,7 @@ async def _run(args) -> None:
     if show is None:  # the command printed as it went
         return
     if args.json:
-        print(json.dumps(result, default=lambda v: v.hex() if isinstance(v, bytes) else repr(v)))
+        print(to_json(result))
     else:
         show()
     if getattr(args, "exit_code", 0):  # a command that reports failures (doctor) says so

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import meshd
 from meshd.client.crdt import split_path
 
-from ..common import command_group, console, rich_table
+from ..common import command_group, console, rich_table, to_json
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -74,12 +74,7 @@ async def cmd_info(client: meshd.Client, args) -> object:
 async def cmd_get(client: meshd.Client, args) -> object:
     value = await (await client.document(args.doc)).get(args.path)
 
-    def show() -> None:
-        from rich.pretty import Pretty
-
-        console().print(Pretty(value))
-
-    return value, show
+    return value, lambda: console().print_json(to_json(value))  # the notation `crdt set` takes
 
 
 async def cmd_set(client: meshd.Client, args) -> object:
@@ -141,8 +136,7 @@ async def cmd_watch(client: meshd.Client, args) -> object:
     async with doc.changes() as events:
         async for event in events:
             if args.json:
-                print(json.dumps(event, default=lambda v: v.hex() if isinstance(v, bytes) else repr(v)),
-                      flush=True)
+                print(to_json(event), flush=True)
             else:
                 ops = "; ".join(" ".join(str(v) if k != "path" else "/".join(v) for k, v in o.items())
                                 for o in event["ops"])

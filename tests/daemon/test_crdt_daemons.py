@@ -9,6 +9,8 @@ is applied whole or not at all).  ``meshctl crdt`` is exercised on the way.
 
 from __future__ import annotations
 
+import json
+
 import trio
 
 import meshd
@@ -113,6 +115,8 @@ async def test_ten_daemons_keep_every_acknowledged_write_through_sigkills(daemon
         node.meshctl("crdt", "rm", ref, "acked", f"n{VICTIMS[0]}/0")
         assert node.meshctl("crdt", "get", ref, "model/current") == {"name": "gpt", "version": 7}
         assert node.meshctl("crdt", "get", ref, "steps") == 5
+        human = node.meshctl_raw("crdt", "get", ref, "model/current").stdout
+        assert json.loads(human) == {"name": "gpt", "version": 7}  # what `crdt set` takes, not a repr
         assert [d["doc"] for d in node.meshctl("crdt", "ls")] == [ref]
         async with meshd.connect(owner.data_dir) as client:
             doc = await client.document(ref)
