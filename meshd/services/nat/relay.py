@@ -81,6 +81,10 @@ class Relay:
         log.info("relay %s holds a reservation for us (%s s)", relay, limits["ttl"])
         return limits
 
+    def live_reservations(self) -> list:
+        """The relays that hold a live reservation for us now."""
+        return self.reserved_at.live(trio.current_time())
+
     def status(self) -> dict:
         """Reservations held here (as a relay) and ours at other relays, with seconds left."""
         now = trio.current_time()

@@ -55,7 +55,7 @@ class Nat:
         self.lan = LanDiscovery(host, config.lan_interval)
         host.add_route(self)
         host.add_address_source(self._addresses)
-        host.add_identify(lambda: {"relays": [str(r) for r in self.relay.reserved_at.live(trio.current_time())]})
+        host.add_identify(lambda: {"relays": [str(r) for r in self.relay.live_reservations()]})
         host.protect(lambda: [*self.relay.reserved_at, *self.relay.reservations])
 
     # --- the Service shape ---------------------------------------------------------
@@ -84,7 +84,7 @@ class Nat:
 
     def status(self) -> dict:
         return {"reachability": self.autonat.status,
-                "relay_reservations": len(self.relay.reserved_at.live(trio.current_time())),
+                "relay_reservations": len(self.relay.live_reservations()),
                 "serving_reservations": len(self.relay.reservations)}
 
     def figures(self) -> dict:
@@ -135,7 +135,7 @@ class Nat:
         address our direct connection to it uses: what the DHT publishes, so that
         peers that never met us, and dial through other relays, find ours."""
         found = []
-        for relay in self.relay.reserved_at.live(trio.current_time()):
+        for relay in self.relay.live_reservations():
             conn = self._host.live(relay)
             if conn is not None and conn.remote_addr[0] != VIRTUAL_HOST:
                 found.append(str(PeerAddr(relay, HostPort(*plain_address(conn.remote_addr)))))

@@ -23,22 +23,23 @@ def timer_clocked_rate(pacer, congestion_window: int, smoothed_rtt: float, wakes
     return sent * SIZE / (wakes * TIMER_FLOOR)
 
 
+def connection_pacer():
+    """The pacer a MeshQuicConnection sends with, on a path of SIZE-byte datagrams."""
+    link = quiet_link()
+    assert link.client.datagram_size == SIZE
+    return link.client._loss._pacer
+
+
 def test_a_sender_woken_a_millisecond_late_keeps_its_pacing_rate():
     window, rtt = 1_000_000, 0.010  # 100 MB/s: 68 packets of 1,472 bytes a millisecond
     rate = window / rtt
-    link = quiet_link()
-    pacer = link.client._loss._pacer
-    pacer._max_datagram_size = SIZE
-    assert timer_clocked_rate(pacer, window, rtt) >= 0.95 * rate
+    assert timer_clocked_rate(connection_pacer(), window, rtt) >= 0.95 * rate
     # aioquic's own pacer lets 16 packets out per wake: about 22 MB/s here, whatever the rate
     assert timer_clocked_rate(QuicPacketPacer(max_datagram_size=SIZE), window, rtt) < 0.25 * rate
 
 
 def test_a_slow_path_is_paced_as_aioquic_paces_it():
     window, rtt = 60_000, 0.050  # 1.2 MB/s: under one packet a millisecond; aioquic's own
-    link = quiet_link()  # burst (a quarter of the window) is already longer than ours
-    pacer = link.client._loss._pacer
-    pacer._max_datagram_size = SIZE
-    ours = timer_clocked_rate(pacer, window, rtt)
+    ours = timer_clocked_rate(connection_pacer(), window, rtt)  # burst (a quarter of the window) is longer
     assert ours == timer_clocked_rate(QuicPacketPacer(max_datagram_size=SIZE), window, rtt)
     assert ours < 1.2 * window / rtt  # one packet per wake at most: paced
